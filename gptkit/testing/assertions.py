@@ -1,0 +1,128 @@
+"""Array comparisons whose failures read like a tutor's note, not a wall of numbers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+
+def _as_array(actual, what: str) -> np.ndarray:
+    __tracebackhide__ = True
+    if not isinstance(actual, (np.ndarray, np.generic)):
+        raise AssertionError(
+            f"{what}: expected a NumPy array, got {type(actual).__name__}"
+        )
+    arr = np.asarray(actual)
+    if arr.dtype == object:
+        raise AssertionError(f"{what}: expected a numeric array, got an object array")
+    return arr
+
+
+def mismatch_summary(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> str | None:
+    """None when close; otherwise one line: how many differ, the largest difference, where."""
+    a = actual.astype(np.float64)
+    e = expected.astype(np.float64)
+    bad = ~np.isclose(a, e, atol=atol, rtol=rtol, equal_nan=False)
+    if not bad.any():
+        return None
+    diff = np.where(bad, np.abs(a - e), 0.0)
+    diff = np.where(np.isnan(diff), np.inf, diff)
+    idx = np.unravel_index(int(np.argmax(diff)), diff.shape) if diff.ndim else ()
+    idx_t = tuple(int(i) for i in idx)
+    return (
+        f"{int(bad.sum())} of {bad.size} elements differ (atol={atol:g}, rtol={rtol:g}); "
+        f"largest difference {float(diff[idx]):.3g} at index {idx_t}: "
+        f"expected {float(e[idx]):.6g}, got {float(a[idx]):.6g}"
+    )
+
+
+def assert_close(
+    actual,
+    expected,
+    *,
+    what: str,
+    atol: float = 1e-5,
+    rtol: float = 1e-4,
+    hint: str | None = None,
+    diagnoses: Mapping[str, np.ndarray] | None = None,
+) -> None:
+    """Assert ``actual`` ≈ ``expected`` with a short message naming ``what`` went wrong.
+
+    ``diagnoses`` maps a description of a known mistake (e.g. "the scores were not
+    divided by √d") to what that mistake would produce; when ``actual`` matches one,
+    the message says so.
+    """
+    __tracebackhide__ = True
+    arr = _as_array(actual, what)
+    expected = np.asarray(expected)
+    if arr.shape != expected.shape:
+        raise AssertionError(f"{what}: expected shape {expected.shape}, got {arr.shape}")
+    if arr.dtype.kind not in "fiub":
+        raise AssertionError(f"{what}: expected a numeric array, got dtype {arr.dtype}")
+    finite_expected = np.isfinite(expected)
+    broken = ~np.isfinite(arr) & finite_expected
+    if broken.any():
+        first = tuple(int(i) for i in np.argwhere(broken)[0])
+        msg = (
+            f"{what}: {int(broken.sum())} of {arr.size} values are NaN or infinite where a "
+            f"finite number was expected (first at index {first})"
+        )
+        raise AssertionError(msg + (f". {hint}" if hint else ""))
+    summary = mismatch_summary(arr, expected, atol, rtol)
+    if summary is None:
+        return
+    msg = f"{what}: {summary}"
+    for label, candidate in (diagnoses or {}).items():
+        candidate = np.asarray(candidate)
+        if candidate.shape == arr.shape and mismatch_summary(arr, candidate, atol, rtol) is None:
+            msg += f". Your result matches {label}"
+            break
+    if hint:
+        msg += f". {hint}"
+    raise AssertionError(msg)
+
+
+def assert_float32(actual, what: str) -> None:
+    """Float32 in must give float32 out: no silent float64 promotion."""
+    __tracebackhide__ = True
+    arr = _as_array(actual, what)
+    if arr.dtype != np.float32:
+        raise AssertionError(
+            f"{what}: float32 inputs must give float32 output, got {arr.dtype} "
+            f"(a float64 constant, np.sqrt of a Python int or an array made without "
+            f"dtype= can promote everything to float64)"
+        )
+
+
+class _Raises:
+    """Context manager behind :func:`raises_clearly`."""
+
+    def __init__(self, exc, when: str, mentions: str | None):
+        self.exc = exc if isinstance(exc, tuple) else (exc,)
+        self.when, self.mentions = when, mentions
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, etype, value, tb):
+        __tracebackhide__ = True
+        names = " or ".join(e.__name__ for e in self.exc)
+        if etype is None:
+            raise AssertionError(f"{self.when}: expected a {names}, but nothing was raised")
+        if issubclass(etype, NotImplementedError):
+            return False  # an unfinished stub: let its own message through
+        if not issubclass(etype, self.exc):
+            raise AssertionError(f"{self.when}: expected a {names}, got {etype.__name__}: {value}") from value
+        if self.mentions and self.mentions.lower() not in str(value).lower():
+            raise AssertionError(
+                f"{self.when}: the {etype.__name__} should mention {self.mentions!r} so the user "
+                f"knows what went wrong; it says: {value}"
+            ) from value
+        return True
+
+
+def raises_clearly(exc, *, when: str, mentions: str | None = None) -> _Raises:
+    """Like ``pytest.raises``, but a miss reads "<when>: expected a ValueError, but nothing
+    was raised", and the error's text must mention ``mentions`` when given."""
+    return _Raises(exc, when, mentions)

@@ -1,0 +1,52 @@
+"""Stored fixtures: ``tests/NN_name/fixtures/<case>.npz``, written byte-for-byte
+reproducibly (fixed zip timestamps, sorted keys) so regenerating them is a no-op."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from gptkit.testing.layout import KIT_ROOT
+
+TESTS_DIR = KIT_ROOT / "tests"
+_EPOCH = (1980, 1, 1, 0, 0, 0)
+
+
+def fixture_path(lab: str, case: str, tests_dir: Path = TESTS_DIR) -> Path:
+    return Path(tests_dir) / lab / "fixtures" / f"{case}.npz"
+
+
+def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Like ``np.savez_compressed`` but deterministic: same arrays → same bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for key in sorted(arrays):
+            info = zipfile.ZipInfo(f"{key}.npy", date_time=_EPOCH)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            data = io.BytesIO()
+            np.lib.format.write_array(data, np.ascontiguousarray(arrays[key]), allow_pickle=False)
+            zf.writestr(info, data.getvalue())
+    tmp = path.with_suffix(".npz.tmp")
+    tmp.write_bytes(buf.getvalue())
+    tmp.replace(path)
+
+
+_cache: dict[Path, dict[str, np.ndarray]] = {}
+
+
+def load_fixture(lab: str, case: str) -> dict[str, np.ndarray]:
+    """The arrays of one stored fixture (read once per session, never pickled)."""
+    path = fixture_path(lab, case)
+    if path not in _cache:
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"fixture {path.relative_to(KIT_ROOT)} is missing: run `uv run grader fixtures`"
+            )
+        with np.load(path, allow_pickle=False) as data:
+            _cache[path] = {k: data[k] for k in data.files}
+    return {k: v.copy() for k, v in _cache[path].items()}

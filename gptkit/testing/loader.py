@@ -1,0 +1,79 @@
+"""Tests reach the code under test through ``lab("module")`` and nothing else.
+
+The conftest puts the chosen implementation tree's lab folders on ``sys.path``; this
+module imports from there lazily, at the first attribute access inside a test, so a
+student's syntax error or missing function fails that lab's tests with a readable
+message instead of breaking collection for every lab.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import traceback
+
+import pytest
+
+from gptkit.testing.layout import module_lab
+
+_current_root = None  # set by the conftest: the implementation tree under test
+
+
+def set_root(root) -> None:
+    global _current_root
+    _current_root = root
+
+
+def _where(module: str) -> str:
+    lab = module_lab(module, _current_root) if _current_root is not None else None
+    return f"{lab.code_dir / (module + '.py')}" if lab else f"{module}.py"
+
+
+class _LabModule:
+    """A lazy stand-in for one lab module (``causal_mask``, ``layers``, …)."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def _load(self):
+        try:
+            return importlib.import_module(self._name)
+        except NotImplementedError:
+            raise
+        except Exception as exc:  # syntax errors, bad imports, crashes at import time
+            frames = traceback.extract_tb(exc.__traceback__)
+            line = ""
+            if isinstance(exc, SyntaxError) and exc.lineno:
+                line = f" (line {exc.lineno})"
+            elif frames:
+                line = f" (line {frames[-1].lineno})"
+            pytest.fail(
+                f"could not import {_where(self._name)}{line}: {type(exc).__name__}: {exc}",
+                pytrace=False,
+            )
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        module = self._load()
+        try:
+            return getattr(module, attr)
+        except AttributeError:
+            pytest.fail(
+                f"{_where(self._name)} has no `{attr}`: the tests call it by that name "
+                f"(was it renamed or deleted?)",
+                pytrace=False,
+            )
+
+    def __repr__(self) -> str:
+        return f"<lab module {self._name!r}>"
+
+
+def lab(module: str) -> _LabModule:
+    """The module ``module`` of the implementation under test, imported on first use."""
+    return _LabModule(module)
+
+
+def loaded_module(module: str):
+    """The real module object (for tests that need ``sys.modules``-level access)."""
+    return sys.modules.get(module) or importlib.import_module(module)

@@ -1,0 +1,1 @@
+"""The instructor's tools: generate stubs and fixtures, check the kit, grade submissions."""

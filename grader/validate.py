@@ -1,0 +1,99 @@
+"""``grader validate``: the kit checks itself.
+
+- stubs are current with their solutions;
+- stored fixtures are current (recipes that need torch are skipped without it);
+- the solutions pass every test;
+- the stubs fail every lab test, each with the stub's NotImplementedError naming its lab;
+- every bug in the catalogue is caught and explained.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from gptkit.testing.layout import KIT_ROOT
+from grader import catalogue, fixtures, stubs
+from grader.pytest_run import TestResult, run_pytest
+
+LAB_OF_NODE = re.compile(r"tests/(\d\d)_")
+
+
+@dataclass
+class Section:
+    title: str
+    ok: bool = True
+    lines: list[str] = field(default_factory=list)
+
+
+def stub_failure_problem(r: TestResult) -> str | None:
+    """Why a test's outcome on the stubs is wrong (None when it failed as a stub should)."""
+    if r.outcome == "skipped":
+        return None
+    if r.outcome == "passed":
+        return f"{r.nodeid} passes on the stubs: it cannot fail, so it checks nothing"
+    m = LAB_OF_NODE.search(r.nodeid)
+    lab = m.group(1) if m else None
+    if "NotImplementedError" not in r.message or (lab and f"Lab {lab}" not in r.message):
+        first = r.message.splitlines()[0][:160] if r.message else "(no message)"
+        return f"{r.nodeid} fails on the stubs without the lab's NotImplementedError: {first}"
+    return None
+
+
+def check_stubs_fail(labs_marker: str | None = None) -> Section:
+    sec = Section("stubs fail every lab test with their NotImplementedError")
+    marker = labs_marker or "not kit"
+    _, results, output = run_pytest(KIT_ROOT / "labs", marker)
+    if not results:
+        return Section(sec.title, False, ["the tests did not run: " + output[-1000:]])
+    problems = [p for p in map(stub_failure_problem, results) if p]
+    sec.ok = not problems
+    sec.lines = problems or [f"{sum(r.outcome != 'skipped' for r in results)} tests fail on the stubs, "
+                             f"{sum(r.outcome == 'skipped' for r in results)} skipped"]
+    return sec
+
+
+def check_solutions_pass(marker: str | None = None) -> Section:
+    sec = Section("solutions pass every test")
+    _, results, output = run_pytest(KIT_ROOT / "solutions", marker or "not kit")
+    if not results:
+        return Section(sec.title, False, ["the tests did not run: " + output[-1000:]])
+    bad = [r for r in results if r.outcome in ("failed", "error")]
+    skipped = [r for r in results if r.outcome == "skipped"]
+    sec.ok = not bad
+    sec.lines = [f"{r.nodeid}: {r.message.splitlines()[0][:200] if r.message else r.outcome}" for r in bad]
+    reasons = sorted({r.message.splitlines()[0] for r in skipped if r.message})
+    sec.lines.append(f"{len(results) - len(bad) - len(skipped)} passed, {len(bad)} failed, {len(skipped)} skipped")
+    sec.lines += [f"skipped: {reason}" for reason in reasons]
+    return sec
+
+
+def run(jobs: int = 2, labs: list[str] | None = None) -> list[Section]:
+    sections = []
+
+    stale = stubs.stale_stubs()
+    sections.append(Section("stubs are current with the solutions", not stale,
+                            [f"stale: {p.relative_to(KIT_ROOT)} (run `uv run grader stubs`)" for p in stale]))
+
+    rep = fixtures.generate(labs, check=True, log=lambda *_: None)
+    sections.append(Section("fixtures are current", not rep.stale,
+                            [f"stale: {p.relative_to(KIT_ROOT)} (run `uv run grader fixtures`)" for p in rep.stale]
+                            + [f"not checked: {s}" for s in rep.skipped]))
+
+    marker = " or ".join(f"lab{n}" for n in labs) if labs else None
+    sections.append(check_solutions_pass(marker))
+    sections.append(check_stubs_fail(marker))
+
+    bugs = catalogue.load_catalogue(labs=labs)
+    results = catalogue.check_catalogue(bugs, jobs=jobs)
+    sections.append(Section(f"every catalogued bug is caught and explained ({len(bugs)} bugs)",
+                            all(r.ok for r in results), [catalogue.describe(r) for r in results]))
+    return sections
+
+
+def render(sections: list[Section]) -> str:
+    out = []
+    for s in sections:
+        out.append(f"[{'ok' if s.ok else 'FAIL'}] {s.title}")
+        out += [f"       {line}" for line in s.lines]
+    return "\n".join(out)
