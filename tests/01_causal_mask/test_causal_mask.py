@@ -1,0 +1,246 @@
+"""Lab 01 · the causal mask, softmax, scaled dot-product attention, self-attention."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gptkit.testing import assert_close, assert_float32, lab, load_fixture, raises_clearly
+
+cm = lab("causal_mask")
+LAB = "01_causal_mask"
+
+
+# --- the causal mask ---------------------------------------------------------------
+
+@pytest.mark.parametrize("T,S", [(1, 1), (4, 4), (5, 5), (3, 7), (1, 6)])
+def test_causal_mask_matches_reference(T, S):
+    mask = cm.causal_mask(T, S)
+    expected = load_fixture(LAB, f"mask_T{T}_S{S}")["mask"]
+    assert isinstance(mask, np.ndarray) and mask.dtype == np.bool_, (
+        f"causal_mask must return a bool array (True = may attend), got {type(mask).__name__} "
+        f"of dtype {getattr(mask, 'dtype', None)}"
+    )
+    assert mask.shape == (T, S), f"causal_mask({T}, {S}) must have shape (T, S) = {(T, S)}, got {mask.shape}"
+    wrong = np.argwhere(mask != expected)
+    if len(wrong):
+        i, j = (int(v) for v in wrong[0])
+        pos = S - T + i
+        why = ("which is in the future" if j > pos else "which is in its past or its own position")
+        raise AssertionError(
+            f"causal_mask({T}, {S}): {len(wrong)} of {mask.size} entries wrong; e.g. row {i} "
+            f"(query at position {pos}) {'may' if mask[i, j] else 'may not'} attend to key {j}, {why}"
+        )
+
+
+@given(T=st.integers(1, 12), extra=st.integers(0, 6))
+def test_no_query_sees_the_future(T, extra):
+    S = T + extra
+    mask = cm.causal_mask(T, S)
+    for i in range(T):
+        pos = S - T + i  # absolute position of query i
+        future = np.flatnonzero(mask[i, pos + 1:])
+        assert not len(future), (
+            f"causal_mask({T}, {S}): row {i} (position {pos}) may attend to position "
+            f"{pos + 1 + int(future[0])}, which is in the future"
+        )
+
+
+@given(T=st.integers(1, 12), extra=st.integers(0, 6))
+def test_every_query_sees_its_past_and_itself(T, extra):
+    S = T + extra
+    mask = cm.causal_mask(T, S)
+    for i in range(T):
+        pos = S - T + i
+        blocked = np.flatnonzero(~mask[i, : pos + 1])
+        assert not len(blocked), (
+            f"causal_mask({T}, {S}): row {i} (position {pos}) may not attend to position "
+            f"{int(blocked[0])}; a query must see every earlier position and itself (the diagonal)"
+        )
+
+
+def test_causal_mask_rejects_bad_lengths():
+    assert cm.causal_mask(2).shape == (2, 2)
+    with raises_clearly(ValueError, when="causal_mask(5, kv_len=3): fewer keys than queries", mentions="kv_len"):
+        cm.causal_mask(5, 3)
+    with raises_clearly(ValueError, when="causal_mask(0)"):
+        cm.causal_mask(0)
+    with raises_clearly(TypeError, when="causal_mask(2.5)"):
+        cm.causal_mask(2.5)
+
+
+def test_additive_mask_is_zero_or_minus_infinity():
+    mask = np.array([[True, False, False], [True, True, False]])
+    add = cm.additive_mask(mask)
+    assert isinstance(add, np.ndarray) and add.dtype == np.float32, (
+        f"additive_mask must return float32 by default, got {getattr(add, 'dtype', type(add).__name__)}"
+    )
+    assert add.shape == mask.shape, f"additive_mask must keep the mask's shape {mask.shape}, got {add.shape}"
+    assert np.all(add[mask] == 0), "additive_mask must be 0 where attention is allowed (True)"
+    assert np.all(np.isneginf(add[~mask])), (
+        "additive_mask must be -inf where attention is blocked (False), so softmax gives it weight exactly 0"
+    )
+    assert cm.additive_mask(mask, dtype=np.float64).dtype == np.float64, "additive_mask must honour dtype="
+    with raises_clearly(TypeError, when="additive_mask of a float array", mentions="bool"):
+        cm.additive_mask(np.ones((2, 2)))
+
+
+# --- softmax -------------------------------------------------------------------------
+
+def test_softmax_matches_reference():
+    f = load_fixture(LAB, "softmax")
+    assert_close(cm.softmax(f["x"]), f["y_last"], what="softmax(x) over the last axis")
+    assert_close(cm.softmax(f["x"], axis=1), f["y_axis1"], what="softmax(x, axis=1)",
+                 hint="softmax must normalise along the axis it is given")
+
+
+@given(st.lists(st.floats(-50, 50), min_size=1, max_size=16), st.floats(-1e4, 1e4))
+def test_softmax_rows_sum_to_one_and_ignore_shifts(row, shift):
+    x = np.array([row, row], dtype=np.float32)
+    y = cm.softmax(x)
+    assert_close(y.sum(axis=-1), np.ones(2, np.float32), what="softmax row sums", atol=1e-5,
+                 hint="each row of softmax must sum to 1")
+    assert_close(cm.softmax(x + np.float32(shift)), y, what="softmax(x + c)", atol=1e-5, rtol=1e-3,
+                 hint="softmax(x + c) must equal softmax(x)")
+
+
+def test_softmax_survives_huge_scores():
+    x = np.array([[1000.0, 999.0, -1000.0], [1e4, 1e4, 0.0]], dtype=np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = cm.softmax(x)
+    expected = np.array([[0.7310586, 0.26894143, 0.0], [0.5, 0.5, 0.0]], dtype=np.float32)
+    assert_close(y, expected, what="softmax of large scores",
+                 hint="exp(1000) overflows to inf: subtract each row's max before exponentiating")
+
+
+def test_softmax_gives_minus_infinity_zero_weight():
+    x = np.array([[0.5, -np.inf, 1.5, -np.inf]], dtype=np.float32)
+    y = cm.softmax(x)
+    assert_close(y, np.array([[0.26894143, 0.0, 0.7310586, 0.0]], np.float32),
+                 what="softmax with -inf entries", hint="-inf entries must get weight exactly 0")
+
+
+def test_softmax_keeps_float32():
+    x = np.random.default_rng(0).normal(size=(2, 5)).astype(np.float32)
+    assert_float32(cm.softmax(x), "softmax(x)")
+
+
+# --- scaled dot-product attention ------------------------------------------------------
+
+def _naive(q, k, v, mask, scale):
+    s = (q.astype(np.float64) @ np.swapaxes(k, -1, -2)) * scale
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    return w @ v, w
+
+
+def test_attention_matches_reference():
+    f = load_fixture(LAB, "sdpa")
+    q, k, v, mask = f["q"], f["k"], f["v"], f["mask"]
+    d = q.shape[-1]
+    out, w = cm.scaled_dot_product_attention(q, k, v, mask)
+    assert_close(w, f["weights"], what="attention weights (causal, T=5 queries over S=7 keys)",
+                 diagnoses={
+                     "softmax(q·kᵀ) with no 1/√d scaling": _naive(q, k, v, mask, 1.0)[1],
+                     "scores scaled by 1/d instead of 1/√d": _naive(q, k, v, mask, 1 / d)[1],
+                     "attention with the mask ignored": _naive(q, k, v, None, 1 / math.sqrt(d))[1],
+                 },
+                 hint="weights = softmax(q·kᵀ/√d with blocked scores set to -inf) along the keys")
+    assert_close(out, f["out"], what="attention output", hint="out = weights @ v")
+
+
+def test_attention_without_mask():
+    f = load_fixture(LAB, "sdpa")
+    out, w = cm.scaled_dot_product_attention(f["q"], f["k"], f["v"])
+    assert_close(w, f["weights_nomask"], what="attention weights with mask=None",
+                 hint="with no mask every query attends to every key")
+    assert_close(out, f["out_nomask"], what="attention output with mask=None")
+
+
+def test_masked_weights_are_zero_and_rows_sum_to_one():
+    f = load_fixture(LAB, "sdpa")
+    mask = f["mask"]
+    _, w = cm.scaled_dot_product_attention(f["q"], f["k"], f["v"], mask)
+    leaked = np.broadcast_to(~mask, w.shape) & (np.abs(w) > 1e-7)
+    assert not leaked.any(), (
+        f"{int(leaked.sum())} attention weights on blocked (future) keys are non-zero: "
+        "apply the mask to the scores (as -inf) before the softmax"
+    )
+    assert_close(w.sum(-1), np.ones(w.shape[:-1], np.float32), what="attention weight row sums",
+                 hint="each query's weights must sum to 1; masking after the softmax breaks this")
+
+
+def test_attention_scale_uses_sqrt_of_head_width():
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.normal(size=(1, 4, 64)).astype(np.float32) for _ in range(3))
+    _, w = cm.scaled_dot_product_attention(q, k, v)
+    assert_close(w, _naive(q, k, v, None, 1 / 8.0)[1].astype(np.float32),
+                 what="attention weights for d=64", rtol=1e-3,
+                 diagnoses={"no scaling": _naive(q, k, v, None, 1.0)[1],
+                            "scaling by 1/d": _naive(q, k, v, None, 1 / 64)[1]},
+                 hint="divide the scores by √d = 8, where d is the width of q and k")
+
+
+def test_attention_keeps_float32():
+    f = load_fixture(LAB, "sdpa")
+    out, w = cm.scaled_dot_product_attention(f["q"], f["k"], f["v"], f["mask"])
+    assert_float32(out, "attention output")
+    assert_float32(w, "attention weights")
+
+
+def test_attention_rejects_mismatched_shapes():
+    q = np.zeros((2, 3, 4), np.float32)
+    out, _ = cm.scaled_dot_product_attention(q, q, q)
+    assert out.shape == (2, 3, 4), f"attention output must be (..., T, d_v) = (2, 3, 4), got {out.shape}"
+    with raises_clearly(ValueError, when="attention with q width 4 and k width 5", mentions="k"):
+        cm.scaled_dot_product_attention(q, np.zeros((2, 3, 5), np.float32), q)
+    with raises_clearly(ValueError, when="attention with a (4, 4) mask for (3, 3) scores", mentions="mask"):
+        cm.scaled_dot_product_attention(q, q, q, np.ones((4, 4), bool))
+    with raises_clearly(TypeError, when="attention with a float mask", mentions="bool"):
+        cm.scaled_dot_product_attention(q, q, q, np.ones((3, 3)))
+
+
+# --- single-head causal self-attention ----------------------------------------------------
+
+def _self_attention():
+    f = load_fixture(LAB, "self_attention")
+    layer = cm.CausalSelfAttention(f["x"].shape[-1], rng=np.random.default_rng(0))
+    for name in ("W_q", "W_k", "W_v", "W_o"):
+        setattr(layer, name, f[name])
+    return layer, f
+
+
+def test_self_attention_matches_reference():
+    layer, f = _self_attention()
+    out, w = layer(f["x"])
+    assert_close(w, f["weights"], what="CausalSelfAttention weights (B, T, T)",
+                 hint="q = x @ W_q, k = x @ W_k, v = x @ W_v, then causal scaled dot-product attention")
+    assert_close(out, f["out"], what="CausalSelfAttention output",
+                 hint="the attention output goes through the output projection: out @ W_o")
+    assert_float32(out, "CausalSelfAttention output")
+
+
+@given(st.integers(0, 5), st.integers(0, 2**32 - 1))
+def test_self_attention_is_causal(t, seed):
+    layer, f = _self_attention()
+    x = f["x"]
+    out, _ = layer(x)
+    changed = x.copy()
+    changed[:, t + 1:] = np.random.default_rng(seed).normal(size=changed[:, t + 1:].shape)
+    out2, _ = layer(changed)
+    assert_close(out2[:, : t + 1], out[:, : t + 1], what=f"outputs at positions 0…{t}", atol=1e-6,
+                 hint=f"changing tokens after position {t} changed earlier outputs: "
+                      "a position is attending to the future")
+
+
+def test_self_attention_rejects_wrong_width():
+    layer, f = _self_attention()
+    layer(f["x"])
+    with raises_clearly(ValueError, when="CausalSelfAttention(12) on x of width 5", mentions="last dimension"):
+        layer(np.zeros((1, 3, 5), np.float32))
+    with raises_clearly(ValueError, when="CausalSelfAttention on a 2-D x", mentions="dimensions"):
+        layer(np.zeros((3, 12), np.float32))

@@ -1,0 +1,59 @@
+"""The one switch between the student's code and the reference code.
+
+    uv run pytest                       # tests labs/*/src   (the student's code)
+    uv run pytest --impl=solutions      # tests solutions/*  (the reference)
+    uv run pytest --impl=PATH           # tests any tree laid out like either
+
+Each test folder ``tests/NN_name/`` belongs to lab NN and gets the marker ``labNN``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from gptkit.testing import loader
+from gptkit.testing.layout import LAB_DIR_RE, lab_dirs, resolve_impl
+
+# Same examples every run: a grade must not depend on the day's random draw.
+settings.register_profile(
+    "kit", derandomize=True, deadline=None, max_examples=25,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile("kit")
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--impl",
+        default="labs",
+        help="code under test: 'labs' (student code, default), 'solutions', or a path to a tree of NN_name folders",
+    )
+
+
+def pytest_configure(config):
+    root = resolve_impl(config.getoption("--impl"))
+    labs = lab_dirs(root)
+    if not labs:
+        raise pytest.UsageError(f"--impl={config.getoption('--impl')}: no lab folders (NN_name) in {root}")
+    # Later labs import earlier labs' modules by name, so every lab folder goes on the path.
+    for lab in reversed(labs):
+        sys.path.insert(0, str(lab.code_dir))
+    loader.set_root(root)
+    config._kit_impl_root = root
+
+
+def pytest_report_header(config):
+    return f"code under test: {config._kit_impl_root}"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        folder = Path(str(item.fspath)).parent.name
+        if LAB_DIR_RE.match(folder):
+            item.add_marker(getattr(pytest.mark, f"lab{folder[:2]}"))
+        elif folder == "kit":
+            item.add_marker(pytest.mark.kit)

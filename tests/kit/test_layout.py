@@ -1,0 +1,42 @@
+"""The layout contract: every lab has its README, stubs, solution, tests, docs and marker."""
+
+import tomllib
+
+import pytest
+
+from gptkit.testing.layout import KIT_ROOT, lab_dirs
+
+SOLUTION_LABS = lab_dirs(KIT_ROOT / "solutions")
+
+
+@pytest.mark.parametrize("lab", SOLUTION_LABS, ids=lambda lab: lab.name)
+def test_lab_has_every_part(lab):
+    missing = [str(p.relative_to(KIT_ROOT)) for p in (
+        KIT_ROOT / "labs" / lab.name / "README.md",
+        KIT_ROOT / "labs" / lab.name / "src",
+        KIT_ROOT / "tests" / lab.name,
+        KIT_ROOT / "docs" / f"{lab.name}.md",
+        lab.code_dir / "bugs.toml",
+    ) if not p.exists()]
+    assert not missing, f"{lab.name} lacks: {missing}"
+
+
+@pytest.mark.parametrize("lab", SOLUTION_LABS, ids=lambda lab: lab.name)
+def test_lab_marker_is_registered(lab):
+    config = tomllib.loads((KIT_ROOT / "pyproject.toml").read_text())
+    markers = [m.split(":")[0].strip() for m in config["tool"]["pytest"]["ini_options"]["markers"]]
+    assert lab.marker in markers, f"register the marker {lab.marker} in pyproject.toml"
+
+
+@pytest.mark.parametrize("lab", SOLUTION_LABS, ids=lambda lab: lab.name)
+def test_readme_gives_the_exact_test_command(lab):
+    readme = (KIT_ROOT / "labs" / lab.name / "README.md").read_text()
+    assert f"uv run pytest -m {lab.marker}" in readme, f"labs/{lab.name}/README.md must give `uv run pytest -m {lab.marker}`"
+
+
+def test_module_names_are_unique_across_labs():
+    seen = {}
+    for lab in SOLUTION_LABS:
+        for m in lab.modules():
+            assert m not in seen, f"module {m} is in both {seen[m]} and {lab.name}"
+            seen[m] = lab.name

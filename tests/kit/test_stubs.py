@@ -1,0 +1,41 @@
+"""The stubs are generated from the solutions and must never drift from them."""
+
+import pytest
+
+from gptkit.testing.layout import KIT_ROOT
+from grader.stubs import StubError, make_stub, stale_stubs
+
+
+def test_stubs_are_current():
+    stale = [str(p.relative_to(KIT_ROOT)) for p in stale_stubs()]
+    assert not stale, f"stubs out of date with their solutions: {stale}; run `uv run grader stubs`"
+
+
+def test_stub_replaces_marked_block_with_named_error():
+    src = (
+        "def f(x):\n"
+        "    \"\"\"Doc.\"\"\"\n"
+        "    x = check(x)\n"
+        "    ### BEGIN SOLUTION add one\n"
+        "    return x + 1\n"
+        "    ### END SOLUTION\n"
+    )
+    stub = make_stub(src, "07")
+    assert "return x + 1" not in stub
+    assert "x = check(x)" in stub and '"""Doc."""' in stub
+    assert "    # YOUR CODE HERE\n    raise NotImplementedError('Lab 07 · f: add one')\n" in stub
+
+
+def test_stub_names_method_and_default_task():
+    src = "class A:\n    def g(self):\n        ### BEGIN SOLUTION\n        return 1\n        ### END SOLUTION\n"
+    assert "raise NotImplementedError('Lab 03 · A.g: implement A.g')" in make_stub(src, "03")
+
+
+@pytest.mark.parametrize("src", [
+    "def f():\n    ### BEGIN SOLUTION\n    return 1\n",
+    "def f():\n    return 1\n    ### END SOLUTION\n",
+    "def f():\n    ### BEGIN SOLUTION\n    ### BEGIN SOLUTION\n    ### END SOLUTION\n",
+])
+def test_unbalanced_markers_are_errors(src):
+    with pytest.raises(StubError):
+        make_stub(src, "01")
