@@ -16,4 +16,4 @@ def make_rng(rng: np.random.Generator | None) -> np.random.Generator:
 
 def normal(rng: np.random.Generator, *shape: int, std: float = 0.02) -> np.ndarray:
     """float32 weights drawn from N(0, std²)."""
-    return rng.normal(0.0, std, size=shape).astype(np.float32)
+    return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(np.float32, copy=False)

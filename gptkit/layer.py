@@ -81,7 +81,8 @@ class Layer:
 
         Shapes must match exactly. With ``strict`` (the default) the names must match
         too: the error lists what is missing, unexpected and mis-shaped all at once.
-        Values are stored as float32 copies of the loaded arrays.
+        Values are copied (as float32) into the existing arrays, so loading needs no
+        memory beyond the model and the state dict.
         """
         own = self.state_dict()
         missing = sorted(set(own) - set(state))
@@ -103,8 +104,12 @@ class Layer:
                 f"cannot load state dict into {type(self).__name__}: " + " | ".join(problems)
             )
         for name in sorted(set(own) & set(state)):
-            owner, attr = self._resolve(name)
-            setattr(owner, attr, np.array(state[name], dtype=np.float32, copy=True))
+            target = own[name]
+            if target.dtype == np.float32 and target.flags.writeable:
+                np.copyto(target, state[name], casting="same_kind")
+            else:
+                owner, attr = self._resolve(name)
+                setattr(owner, attr, np.array(state[name], dtype=np.float32, copy=True))
         return self
 
     def _resolve(self, dotted: str) -> tuple["Layer", str]:

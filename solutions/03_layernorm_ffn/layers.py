@@ -63,7 +63,7 @@ def gelu(x: np.ndarray) -> np.ndarray:
     x = as_float_array(x, "x")
     ### BEGIN SOLUTION the tanh form, with Python-float constants so float32 stays float32
     c = math.sqrt(2.0 / math.pi)
-    return 0.5 * x * (1.0 + np.tanh(c * (x + 0.044715 * x**3)))
+    return 0.5 * x * (1.0 + np.tanh(c * (x + 0.044715 * (x * x * x))))  # x*x*x: far faster than x**3
     ### END SOLUTION
 
 
