@@ -67,6 +67,70 @@ def cmd_validate(args) -> int:
     return 0 if ok else 1
 
 
+class Progress:
+    """One status line on stderr: done/total, a bar, the rate and an estimate."""
+
+    def __init__(self, total: int, stream=sys.stderr):
+        import time
+
+        self.total, self.done, self.stream, self.start, self.time = total, 0, stream, time.monotonic(), time
+        self.tty = stream.isatty()
+
+    def update(self, result, reused: bool) -> None:
+        self.done += 1
+        elapsed = self.time.monotonic() - self.start
+        rate = self.done / elapsed if elapsed > 0 else 0
+        eta = (self.total - self.done) / rate if rate else 0
+        width = 24
+        filled = int(width * self.done / max(1, self.total))
+        status = "kept" if reused else ("NOT GRADED: " + result.error if result.error else f"{result.total:g}/{result.max_total:g}")
+        line = (f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
+                f"eta {int(eta) // 60}:{int(eta) % 60:02d}  {result.student}: {status}")
+        if self.tty:
+            self.stream.write("\r\033[K" + line[:160])
+            if self.done == self.total:
+                self.stream.write("\n")
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+def cmd_grade(args) -> int:
+    from pathlib import Path
+
+    from grader.grade import Grader
+    from grader.sandbox.runner import Limits
+    from grader.submission import SubmissionError, discover
+
+    limits = Limits(wall_seconds=args.timeout, lab_seconds=min(args.lab_timeout, args.timeout),
+                    test_seconds=args.test_timeout, memory_mb=args.memory)
+    try:
+        grader = Grader(Path(args.out), _labs(args.labs), limits=limits, own_chain=args.own_chain, force=args.force,
+                        log=lambda m: print(m, file=sys.stderr))
+        total = len(discover([Path(p) for p in args.paths]))
+    except SubmissionError as exc:
+        print(f"grader grade: {exc}", file=sys.stderr)
+        return 2
+    if total == 0:
+        print("grader grade: no submissions found", file=sys.stderr)
+        return 2
+    print(f"grading {total} submission(s), labs {', '.join(grader.labs)}, {args.jobs} at a time, "
+          f"isolation: {grader.isolation} → {grader.out_dir}", file=sys.stderr)
+    if grader.isolation != "bwrap":
+        print("warning: bubblewrap (bwrap) is not available: submissions run with resource limits and an "
+              "audit hook but without a private file system; install bubblewrap for full isolation",
+              file=sys.stderr)
+    progress = Progress(total)
+    results = grader.run_batch([Path(p) for p in args.paths], jobs=args.jobs, on_done=progress.update)
+    print(grader.summary)
+    failed = [r for r in results if r.error]
+    for r in failed:
+        print(f"not graded: {r.student}: {r.error}")
+    print(f"\nwrote {grader.out_dir / 'gradebook.csv'}, {grader.out_dir / 'report.html'} and "
+          f"students/<id>/{{result.json,feedback.md,results.json}}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="grader", description="Instructor tools for the NumPy GPT lab kit.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -84,6 +148,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--labs", help="comma-separated lab numbers (default: all)")
     s.add_argument("--jobs", type=int, default=2, help="bugs checked in parallel (default 2)")
     s.set_defaults(func=cmd_catalogue)
+
+    s = sub.add_parser("grade", help="grade submissions: a kit copy (folder or .zip) or a folder of them")
+    s.add_argument("paths", nargs="+", help="submission(s), or folder(s) holding one per student")
+    s.add_argument("-o", "--out", default="grading", help="output folder (default: ./grading)")
+    s.add_argument("-j", "--jobs", type=int, default=2, help="submissions graded in parallel (default 2)")
+    s.add_argument("--labs", help="comma-separated lab numbers to grade (default: all)")
+    s.add_argument("--own-chain", action="store_true",
+                   help="run lab N on the student's own labs < N (default: the reference code for labs < N)")
+    s.add_argument("--force", action="store_true", help="regrade students who already have a current result")
+    s.add_argument("--timeout", type=float, default=600, help="wall-clock seconds per submission (default 600)")
+    s.add_argument("--lab-timeout", type=float, default=120, help="wall-clock seconds per lab (default 120)")
+    s.add_argument("--test-timeout", type=float, default=10, help="seconds per test (default 10)")
+    s.add_argument("--memory", type=int, default=2048, help="address-space limit in MB (default 2048)")
+    s.set_defaults(func=cmd_grade)
 
     s = sub.add_parser("validate", help="check the whole kit: stubs, fixtures, solutions, bug catalogue")
     s.add_argument("--labs", help="comma-separated lab numbers (default: all)")

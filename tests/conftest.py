@@ -55,5 +55,5 @@ def pytest_collection_modifyitems(config, items):
         folder = Path(str(item.fspath)).parent.name
         if LAB_DIR_RE.match(folder):
             item.add_marker(getattr(pytest.mark, f"lab{folder[:2]}"))
-        elif folder == "kit":
+        elif folder in ("kit", "grader"):
             item.add_marker(pytest.mark.kit)

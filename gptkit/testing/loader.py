@@ -40,7 +40,7 @@ class _LabModule:
             return importlib.import_module(self._name)
         except NotImplementedError:
             raise
-        except Exception as exc:  # syntax errors, bad imports, crashes at import time
+        except BaseException as exc:  # syntax errors, bad imports, sys.exit or crashes at import time
             frames = traceback.extract_tb(exc.__traceback__)
             line = ""
             if isinstance(exc, SyntaxError) and exc.lineno:

@@ -1,0 +1,231 @@
+"""What grading produces: per student (result.json, feedback.md, Gradescope results.json)
+and per class (gradebook.csv, stats.json, report.html, a printed summary)."""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+from grader.grade import RESULT_FILE, StudentResult, write_atomic
+
+
+def _short(nodeid: str) -> str:
+    return nodeid.split("/")[-1]
+
+
+def _first_line(message: str, limit: int = 300) -> str:
+    line = next((ln.strip() for ln in message.splitlines() if ln.strip()), "")
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def hidden_names(r: StudentResult) -> dict[str, str]:
+    """Hidden tests are shown as 'hidden test k' of their lab: no names, no messages."""
+    names = {}
+    for lab, lr in r.labs.items():
+        k = 0
+        for t in lr.tests:
+            if t.hidden:
+                k += 1
+                names[t.nodeid] = f"{lab} · hidden test {k}"
+    return names
+
+
+def feedback_markdown(r: StudentResult) -> str:
+    out = [f"# Feedback for {r.student}", ""]
+    if r.error:
+        out += [f"**This submission could not be graded:** {r.error}", ""]
+    out += [f"**Total: {r.total:g} / {r.max_total:g}**", ""]
+    if r.flags:
+        out += ["Notes:", *[f"- {f}" for f in r.flags], ""]
+    hidden = hidden_names(r)
+    for lab, lr in r.labs.items():
+        out += [f"## {lab}: {lr.points:g} / {lr.max_points:g}", ""]
+        out += [f"- note: {f}" for f in lr.flags]
+        failed = [t for t in lr.tests if t.outcome != "passed"]
+        passed = len(lr.tests) - len(failed)
+        out.append(f"{passed} of {len(lr.tests)} tests passed.")
+        if failed:
+            out.append("")
+        # Tests that failed for the same reason are listed together, the reason once.
+        groups: dict[str, list[str]] = {}
+        for t in failed:
+            if t.hidden:
+                groups.setdefault("(hidden: no details)", []).append(hidden[t.nodeid])
+            else:
+                reason = _first_line(t.message, 600) or t.outcome
+                groups.setdefault(reason, []).append(f"`{_short(t.nodeid).split('::')[-1]}`")
+        for reason, names in groups.items():
+            shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+            out.append(f"- {shown}: {reason}")
+        out.append("")
+    return "\n".join(out)
+
+
+def gradescope_json(r: StudentResult) -> dict:
+    """Gradescope's autograder results schema."""
+    hidden = hidden_names(r)
+    tests = []
+    for lab, lr in r.labs.items():
+        for t in lr.tests:
+            entry = {"name": hidden.get(t.nodeid, _short(t.nodeid)), "score": round(t.points, 4),
+                     "max_score": round(t.max_points, 4), "status": "passed" if t.outcome == "passed" else "failed"}
+            if t.hidden:
+                entry["visibility"] = "after_published"
+            else:
+                entry["visibility"] = "visible"
+                if t.outcome != "passed":
+                    entry["output"] = _first_line(t.message, 1500)
+            tests.append(entry)
+    out = {"score": round(r.total, 4), "tests": tests, "visibility": "visible",
+           "stdout_visibility": "hidden"}
+    notes = ([f"Could not be graded: {r.error}"] if r.error else []) + r.flags + [
+        f for lr in r.labs.values() for f in lr.flags]
+    if notes:
+        out["output"] = "\n".join(notes)
+    return out
+
+
+def write_student(grader, r: StudentResult) -> None:
+    d = grader.student_dir(r.student)
+    write_atomic(d / "feedback.md", feedback_markdown(r))
+    write_atomic(d / "results.json", json.dumps(gradescope_json(r), indent=1))
+    write_atomic(d / RESULT_FILE, json.dumps(r.to_json(), indent=1))  # last: it marks the student done
+
+
+def all_flags(r: StudentResult) -> list[str]:
+    return r.flags + [f"{lab}: {f}" for lab, lr in r.labs.items() for f in lr.flags]
+
+
+def gradebook_csv(labs: list[str], results: list[StudentResult]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["student", *labs, "total", "max", "flags"])
+    for r in results:
+        w.writerow([r.student, *[f"{r.labs[lab].points:g}" if lab in r.labs else "" for lab in labs],
+                    f"{r.total:g}", f"{r.max_total:g}", " | ".join(all_flags(r))])
+    return buf.getvalue()
+
+
+_NUM = re.compile(r"-?\d+(\.\d+)?(e[-+]?\d+)?")
+
+
+def failure_kind(message: str) -> str:
+    """Group failure messages that differ only by numbers."""
+    line = _first_line(message, 400)
+    line = _NUM.sub("#", line)
+    return line[:160]
+
+
+def class_stats(labs: list[str], results: list[StudentResult]) -> dict:
+    graded = [r for r in results if not r.error]
+    stats = {"students": len(results), "graded": len(graded), "labs": {}}
+    for lab in labs:
+        tests: dict[str, dict] = {}
+        for r in graded:
+            lr = r.labs.get(lab)
+            if not lr:
+                continue
+            for t in lr.tests:
+                s = tests.setdefault(t.nodeid, {"passed": 0, "total": 0, "hidden": t.hidden, "failures": Counter()})
+                s["total"] += 1
+                if t.outcome == "passed":
+                    s["passed"] += 1
+                else:
+                    s["failures"][failure_kind(t.message) or t.outcome] += 1
+        lab_points = [r.labs[lab].points / r.labs[lab].max_points for r in graded
+                      if lab in r.labs and r.labs[lab].max_points]
+        lab_fail = Counter()
+        for s in tests.values():
+            lab_fail.update(s["failures"])
+        stats["labs"][lab] = {
+            "mean_fraction": sum(lab_points) / len(lab_points) if lab_points else 0.0,
+            "full_marks": sum(1 for x in lab_points if x >= 0.9999),
+            "common_failures": lab_fail.most_common(5),
+            "tests": {k: {"pass_rate": v["passed"] / v["total"] if v["total"] else 0.0, "hidden": v["hidden"],
+                          "common_failures": v["failures"].most_common(3)} for k, v in tests.items()},
+        }
+    return stats
+
+
+def summary_table(labs: list[str], results: list[StudentResult], stats: dict) -> str:
+    w = max([7, *[len(r.student) for r in results]])
+    head = f"{'student':<{w}}  " + "  ".join(f"{lab[:2]:>6}" for lab in labs) + f"  {'total':>7}  flags"
+    lines = [head, "-" * len(head)]
+    for r in results:
+        cells = "  ".join(f"{r.labs[lab].points:>6.1f}" if lab in r.labs else f"{'':>6}" for lab in labs)
+        flags = all_flags(r)
+        flag = (flags[0][:60] + (f" (+{len(flags) - 1})" if len(flags) > 1 else "")) if flags else ""
+        lines.append(f"{r.student:<{w}}  {cells}  {r.total:>7.1f}  {flag}")
+    lines.append("-" * len(head))
+    lines.append(f"{'mean %':<{w}}  " + "  ".join(f"{100 * stats['labs'][lab]['mean_fraction']:>6.0f}" for lab in labs))
+    for lab in labs:
+        s = stats["labs"][lab]
+        hardest = sorted(s["tests"].items(), key=lambda kv: kv[1]["pass_rate"])[:3]
+        parts = [f"{('hidden' if v['hidden'] else _short(k).split('::')[-1])} {100 * v['pass_rate']:.0f}%" for k, v in hardest]
+        lines.append(f"{lab}: hardest tests: {', '.join(parts)}")
+        if s["common_failures"]:
+            msg, n = s["common_failures"][0]
+            lines.append(f"    most common failure ({n}×): {msg}")
+    return "\n".join(lines)
+
+
+def report_html(labs: list[str], results: list[StudentResult], stats: dict) -> str:
+    """A self-contained page: a bar chart of lab pass rates, the hardest tests, the most
+    common failures. No scripts, no external files: open it anywhere."""
+    e = html.escape
+    bar_w, gap, chart_h = 70, 24, 200
+    bars = []
+    for i, lab in enumerate(labs):
+        frac = stats["labs"][lab]["mean_fraction"]
+        h = max(1, int(chart_h * frac))
+        x = 40 + i * (bar_w + gap)
+        bars.append(f'<rect x="{x}" y="{20 + chart_h - h}" width="{bar_w}" height="{h}" fill="#3b82f6">'
+                    f'<title>{e(lab)}: {100 * frac:.0f}%</title></rect>'
+                    f'<text x="{x + bar_w / 2}" y="{14 + chart_h - h}" text-anchor="middle" font-size="12">{100 * frac:.0f}%</text>'
+                    f'<text x="{x + bar_w / 2}" y="{chart_h + 38}" text-anchor="middle" font-size="11">{e(lab[:14])}</text>')
+    width = 60 + len(labs) * (bar_w + gap)
+    svg = (f'<svg role="img" aria-label="mean score per lab" width="{width}" height="{chart_h + 50}" '
+           f'xmlns="http://www.w3.org/2000/svg"><line x1="36" y1="{20 + chart_h}" x2="{width}" y2="{20 + chart_h}" '
+           f'stroke="#999"/>{"".join(bars)}</svg>')
+    sections = []
+    for lab in labs:
+        s = stats["labs"][lab]
+        rows = []
+        for nodeid, t in sorted(s["tests"].items(), key=lambda kv: kv[1]["pass_rate"]):
+            name = "(hidden test)" if t["hidden"] else _short(nodeid)
+            fails = "<br>".join(f"{n}× {e(m)}" for m, n in t["common_failures"])
+            pct = 100 * t["pass_rate"]
+            rows.append(f'<tr><td><code>{e(name)}</code></td><td class="num"><div class="bar" '
+                        f'style="width:{pct:.0f}px"></div> {pct:.0f}%</td><td>{fails}</td></tr>')
+        sections.append(f"<h2>{e(lab)}</h2><p>mean {100 * s['mean_fraction']:.0f}% · {s['full_marks']} of "
+                        f"{stats['graded']} with full marks</p><table><tr><th>test</th><th>pass rate</th>"
+                        f"<th>most common failures</th></tr>{''.join(rows)}</table>")
+    students = "".join(
+        f"<tr><td>{e(r.student)}</td>{''.join(f'<td class=num>{r.labs[lab].points:g}</td>' if lab in r.labs else '<td></td>' for lab in labs)}"
+        f"<td class=num><b>{r.total:g}</b> / {r.max_total:g}</td><td>{e(' | '.join(all_flags(r)))}</td></tr>"
+        for r in results)
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Class report</title>
+<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse;margin:1em 0}}
+td,th{{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top;font-size:14px}}
+.num{{text-align:right;white-space:nowrap}}.bar{{display:inline-block;height:10px;background:#3b82f6}}</style></head>
+<body><h1>Class report</h1><p>{stats['graded']} of {stats['students']} submissions graded.</p>
+<h2>Mean score per lab</h2>{svg}
+{''.join(sections)}
+<h2>Students</h2><table><tr><th>student</th>{''.join(f'<th>{e(lab[:2])}</th>' for lab in labs)}<th>total</th><th>flags</th></tr>{students}</table>
+</body></html>
+"""
+
+
+def write_class(grader, results: list[StudentResult]) -> None:
+    labs = grader.labs
+    stats = class_stats(labs, results)
+    write_atomic(grader.out_dir / "gradebook.csv", gradebook_csv(labs, results))
+    write_atomic(grader.out_dir / "stats.json", json.dumps(stats, indent=1, default=list))
+    write_atomic(grader.out_dir / "report.html", report_html(labs, results, stats))
+    grader.summary = summary_table(labs, results, stats)

@@ -1,0 +1,66 @@
+"""Shared set-up for the grader's tests: a grader on labs 01–03 with short limits, and a
+way to make a submission from the example student 'alice' with a few edits."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gptkit.testing.layout import KIT_ROOT
+from grader.grade import Grader
+from grader.sandbox.runner import Limits
+
+ALICE = KIT_ROOT / "examples" / "submissions" / "alice"
+LABS = ["01", "02", "03"]
+FAST = Limits(wall_seconds=120, lab_seconds=25, test_seconds=2, memory_mb=1024)
+
+
+@pytest.fixture(scope="session")
+def grader(tmp_path_factory):
+    g = Grader(tmp_path_factory.mktemp("grading"), LABS, limits=FAST, log=lambda *_: None)
+    (g.out_dir / ".scratch").mkdir(parents=True, exist_ok=True)
+    g.prepare()
+    return g
+
+
+@pytest.fixture(scope="session")
+def lax_grader(tmp_path_factory):
+    """The same grader with the static policy off: proves the sandbox holds on its own."""
+    g = Grader(tmp_path_factory.mktemp("grading-lax"), LABS, limits=FAST, log=lambda *_: None,
+               enforce_policy=False)
+    (g.out_dir / ".scratch").mkdir(parents=True, exist_ok=True)
+    g.prepare()
+    return g
+
+
+@pytest.fixture
+def make_submission(tmp_path):
+    """make_submission(name, edits={"01_causal_mask/causal_mask.py": [(find, replace)]},
+    extra={"relative/path": "text"}, drop=["03_layernorm_ffn/layers.py"]) -> folder."""
+
+    def make(name="student", edits=None, extra=None, drop=()):
+        root = tmp_path / name
+        shutil.copytree(ALICE, root)
+        for rel, pairs in (edits or {}).items():
+            lab, fname = rel.split("/")
+            f = root / "labs" / lab / "src" / fname
+            text = f.read_text()
+            for find, repl in pairs:
+                assert text.count(find) == 1, f"edit not applicable: {find!r}"
+                text = text.replace(find, repl)
+            f.write_text(text)
+        for rel in drop:
+            lab, fname = rel.split("/")
+            (root / "labs" / lab / "src" / fname).unlink()
+        for rel, text in (extra or {}).items():
+            p = root / rel
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(text)
+        return root
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def full_marks(grader):
+    return {lab: grader.rubric[lab].points for lab in grader.labs}

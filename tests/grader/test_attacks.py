@@ -1,0 +1,225 @@
+"""Each attack on the grader gets the right score (0 for what it breaks or fakes, full
+credit for what it honestly does), a flag the instructor sees, and no effect on other
+labs, other students or the grader."""
+
+import os
+import zipfile
+
+import pytest
+
+SOFTMAX_LINE = "    m = x.max(axis=axis, keepdims=True)\n"
+IMPORT_LINE = "import numpy as np\n"
+CM = "01_causal_mask/causal_mask.py"
+
+
+def lab_points(result, lab):
+    return result.labs[lab].points
+
+
+def all_flags_text(result):
+    return " | ".join(result.flags + [f for lr in result.labs.values() for f in lr.flags])
+
+
+
+L1, L2, L3 = "01_causal_mask", "02_embeddings", "03_layernorm_ffn"
+
+
+def grade(grader, path, student="s"):
+    return grader.grade(student, path)
+
+
+def assert_only_lab1_broken(r, full_marks, flag_words):
+    assert r.labs[L1].points == 0, f"lab 01 should score 0, got {r.labs[L1].points}"
+    assert r.labs[L2].points == full_marks[L2] and r.labs[L3].points == full_marks[L3], (
+        "the honest labs must keep full credit", {k: v.points for k, v in r.labs.items()})
+    text = all_flags_text(r).lower()
+    assert any(w in text for w in flag_words), f"expected a flag naming {flag_words}, got: {text}"
+
+
+def test_honest_submission_gets_full_marks(grader, make_submission, full_marks):
+    r = grade(grader, make_submission())
+    assert {k: v.points for k, v in r.labs.items()} == full_marks
+    assert not all_flags_text(r)
+
+
+def test_infinite_loop(grader, make_submission, full_marks):
+    sub = make_submission(edits={CM: [(SOFTMAX_LINE, "    while True:\n        pass\n" + SOFTMAX_LINE)]})
+    r = grade(grader, sub)
+    assert r.labs[L2].points == full_marks[L2] and r.labs[L3].points == full_marks[L3]
+    assert r.labs[L1].points < full_marks[L1] / 2
+    assert "time limit" in all_flags_text(r)
+
+
+def test_sleeping_is_flagged_and_not_run(grader, make_submission, full_marks):
+    sub = make_submission(edits={CM: [(IMPORT_LINE, IMPORT_LINE + "import time\n"),
+                                      (SOFTMAX_LINE, "    time.sleep(1000)\n" + SOFTMAX_LINE)]})
+    assert_only_lab1_broken(grade(grader, sub), full_marks, ["imports time"])
+
+
+def test_memory_bomb(grader, make_submission, full_marks):
+    sub = make_submission(edits={CM: [(SOFTMAX_LINE, "    hog = [np.ones((1024, 1024)) for _ in range(100000)]\n" + SOFTMAX_LINE)]})
+    r = grade(grader, sub)
+    assert r.labs[L1].points < full_marks[L1] / 2
+    assert r.labs[L2].points == full_marks[L2] and r.labs[L3].points == full_marks[L3]
+    assert "memory" in all_flags_text(r)
+
+
+@pytest.mark.parametrize("code,words", [
+    ("import os\nwhile True:\n    os.fork()\n", ["imports os"]),
+    ("import sys\nsys.exit(0)\n", ["imports sys"]),
+    ("import torch\n", ["imports torch"]),
+    ("np.allclose = lambda *a, **k: True\n", ["monkeypatching"]),
+    ("import numpy.testing\nnumpy.testing.assert_allclose = print\n", ["numpy.testing"]),
+    ("class Same:\n    def __eq__(self, other):\n        return True\n", ["__eq__"]),
+    ("exec('import os')\n", ["exec"]),
+    ("x = open('/etc/passwd').read()\n", ["open"]),
+    ("np.load('../kit/tests/01_causal_mask/fixtures/softmax.npz')\n", [".load"]),
+    ("f = ().__class__.__base__.__subclasses__()\n", ["__class__"]),
+    ("from gptkit.testing import fixtures\n", ["gptkit.testing"]),
+])
+def test_policy_flags_and_skips(grader, make_submission, full_marks, code, words):
+    sub = make_submission(edits={CM: [(IMPORT_LINE, IMPORT_LINE + code)]})
+    r = grade(grader, sub)
+    assert_only_lab1_broken(r, full_marks, words)
+    assert all(t.outcome == "not run" for t in r.labs[L1].tests), "a flagged lab must not run"
+
+
+def test_exit_at_import_without_imports(grader, make_submission, full_marks):
+    sub = make_submission(edits={CM: [(IMPORT_LINE, IMPORT_LINE + "raise SystemExit(0)\n")]})
+    r = grade(grader, sub)
+    assert r.labs[L1].points == 0
+    assert r.labs[L2].points == full_marks[L2] and r.labs[L3].points == full_marks[L3]
+    assert "SystemExit" in r.labs[L1].tests[0].message
+
+
+def test_huge_output(grader, make_submission, full_marks):
+    sub = make_submission(edits={CM: [(SOFTMAX_LINE, "    for _ in range(10**6):\n        print('x' * 10**4)\n" + SOFTMAX_LINE)]})
+    r = grade(grader, sub)
+    assert r.labs[L1].points < full_marks[L1] / 2
+    assert r.labs[L2].points == full_marks[L2] and r.labs[L3].points == full_marks[L3]
+    assert "output limit" in all_flags_text(r)
+
+
+def test_submission_conftest_pytest_ini_and_edited_tests_are_ignored(grader, make_submission):
+    stub = (grader.cache.parent.parent.parent / "x").parent  # noqa: F841 - placeholder for readability
+    everything_passes = ("import pytest\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+                         "    out = yield\n    out.get_result().outcome = 'passed'\n")
+    sub = make_submission(
+        edits={CM: [(SOFTMAX_LINE, "    raise NotImplementedError\n" + SOFTMAX_LINE)]},
+        extra={"conftest.py": everything_passes, "tests/conftest.py": everything_passes,
+               "pytest.ini": "[pytest]\naddopts = -p no:terminal\n",
+               "pyproject.toml": "[tool.pytest.ini_options]\naddopts = '-k nothing'\n",
+               "tests/01_causal_mask/test_causal_mask.py": "def test_ok():\n    assert True\n"})
+    r = grade(grader, sub)
+    failing = [t for t in r.labs[L1].tests if t.outcome != "passed"]
+    assert failing and all("NotImplementedError" in t.message or "softmax" in t.message or t.outcome != "passed"
+                           for t in failing)
+    assert r.labs[L1].points < 10
+
+
+def test_renamed_function_and_missing_file(grader, make_submission, full_marks):
+    sub = make_submission(edits={"03_layernorm_ffn/layers.py": [("def gelu_exact(", "def gelu_erf(")]},
+                          drop=["02_embeddings/embeddings.py"])
+    r = grade(grader, sub)
+    assert r.labs[L2].points == 0 and "missing" in all_flags_text(r) + r.labs[L2].tests[0].message
+    renamed = [t for t in r.labs[L3].tests if "gelu_exact" in t.message]
+    assert renamed and "renamed" in renamed[0].message
+    assert 0 < r.labs[L3].points < full_marks[L3]
+    assert r.labs[L1].points == full_marks[L1]
+
+
+def test_syntax_error(grader, make_submission, full_marks):
+    sub = make_submission(edits={CM: [(SOFTMAX_LINE, "    m = x.max(axis=axis, keepdims=True))\n")]})
+    r = grade(grader, sub)
+    assert r.labs[L1].points == 0 and "syntax error" in all_flags_text(r)
+    assert "SyntaxError" in r.labs[L1].tests[0].message
+    assert r.labs[L2].points == full_marks[L2]
+
+
+# --- the sandbox on its own (policy off) ------------------------------------------------
+
+def test_sandbox_blocks_reading_the_kit_and_host(lax_grader, make_submission):
+    code = ("def _peek(p):\n    try:\n        return open(p).read()\n    except Exception as e:\n        return str(e)\n"
+            f"LEAK = [_peek(p) for p in ('{os.path.abspath('solutions/01_causal_mask/causal_mask.py')}',"
+            " '../kit/tests/01_causal_mask/test_causal_mask.py', '/etc/hostname')]\n"
+            "print(LEAK)\n")
+    sub = make_submission(edits={CM: [(IMPORT_LINE, IMPORT_LINE + code)]})
+    r = lax_grader.grade("s", sub)
+    text = all_flags_text(r)
+    assert "blocked" in text or r.isolation == "bwrap", text
+    # honest code otherwise: it still earns its points
+    assert r.labs[L1].points == lax_grader.rubric[L1].points
+
+
+def test_sandbox_blocks_torch_processes_and_writing_outside(lax_grader, make_submission, tmp_path):
+    target = tmp_path / "gradebook.csv"
+    code = ("def _try(f):\n    try:\n        f()\n    except BaseException as e:\n        return repr(e)\n"
+            "import os, subprocess\n"
+            "R = [_try(lambda: __import__('torch')), _try(lambda: os.fork()),\n"
+            "     _try(lambda: subprocess.run(['true'])),\n"
+            f"     _try(lambda: open({str(target)!r}, 'w').write('evil,100'))]\n")
+    sub = make_submission(edits={CM: [(IMPORT_LINE, IMPORT_LINE + code)]})
+    r = lax_grader.grade("s", sub)
+    text = all_flags_text(r)
+    assert not target.exists(), "the sandbox let lab code write outside its scratch folder"
+    assert "torch" in text and ("os.fork" in text or "subprocess" in text), text
+
+
+def test_sandbox_os_exit_in_a_test_only_costs_that_lab(lax_grader, make_submission, full_marks):
+    sub = make_submission(edits={CM: [(IMPORT_LINE, IMPORT_LINE + "import os\n"),
+                                      (SOFTMAX_LINE, "    os._exit(0)\n" + SOFTMAX_LINE)]})
+    r = lax_grader.grade("s", sub)
+    assert r.labs[L1].points < full_marks[L1] / 2
+    assert r.labs[L2].points == full_marks[L2] and r.labs[L3].points == full_marks[L3]
+    assert "ended abnormally" in all_flags_text(r) or any("died" in t.message for t in r.labs[L1].tests)
+
+
+def test_sandbox_fake_equal_objects_score_nothing(lax_grader, make_submission):
+    code = ("class Same:\n    def __eq__(self, o):\n        return True\n    __array_priority__ = 1000\n")
+    sub = make_submission(edits={CM: [(IMPORT_LINE, IMPORT_LINE + code),
+                                      (SOFTMAX_LINE, "    return Same()\n" + SOFTMAX_LINE)]})
+    r = lax_grader.grade("s", sub)
+    softmax_tests = [t for t in r.labs[L1].tests if "softmax" in t.nodeid]
+    assert softmax_tests and all(t.outcome != "passed" for t in softmax_tests)
+
+
+# --- zips ------------------------------------------------------------------------------------
+
+def _zip(path, members):
+    with zipfile.ZipFile(path, "w") as zf:
+        for name, data, mode in members:
+            info = zipfile.ZipInfo(name)
+            if mode:
+                info.external_attr = mode << 16
+            zf.writestr(info, data)
+    return path
+
+
+def test_zip_with_traversal_absolute_paths_and_symlinks(grader, make_submission, tmp_path, full_marks):
+    src = make_submission()
+    members = [(f"kit/{p.relative_to(src)}", p.read_bytes(), 0) for p in sorted(src.rglob("*.py"))]
+    members += [("../../evil.py", b"x = 1", 0), ("/tmp/abs_evil.py", b"x = 1", 0),
+                ("kit/labs/03_layernorm_ffn/src/link.py", b"/etc/passwd", 0o120777)]
+    z = _zip(tmp_path / "zipper.zip", members)
+    r = grader.grade("zipper", z)
+    assert not (tmp_path.parent / "evil.py").exists() and not os.path.exists("/tmp/abs_evil.py")
+    assert {k: v.points for k, v in r.labs.items()} == full_marks
+    text = all_flags_text(r)
+    assert "unsafe path" in text and "symbolic link" in text
+
+
+@pytest.mark.parametrize("kind", ["empty", "corrupt", "huge", "no lab files"])
+def test_bad_zips_are_reported_not_graded(grader, tmp_path, kind):
+    z = tmp_path / f"{kind}.zip"
+    if kind == "empty":
+        z.write_bytes(b"")
+    elif kind == "corrupt":
+        z.write_bytes(b"PK\x03\x04 this is not really a zip")
+    elif kind == "huge":
+        with open(z, "wb") as fh:
+            fh.truncate(60 * 1024 * 1024)
+    else:
+        _zip(z, [("README.md", b"hello", 0)])
+    r = grader.grade(kind, z)
+    assert r.error and r.total == 0
+    assert all(t.points == 0 for lr in r.labs.values() for t in lr.tests)
