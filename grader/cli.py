@@ -131,6 +131,28 @@ def cmd_grade(args) -> int:
     return 0
 
 
+def cmd_release(args) -> int:
+    from grader.release import ReleaseError, release
+
+    try:
+        entries = release(args.out, force=args.force)
+    except ReleaseError as exc:
+        print(f"grader release: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote the student copy to {args.out}: {', '.join(entries)}")
+    print("checked: no solutions, hidden tests, bug catalogue or grader; no solution line in any file")
+    return 0
+
+
+def cmd_gradescope(args) -> int:
+    from grader.gradescope import build_bundle
+
+    n = build_bundle(args.out)
+    print(f"wrote {args.out}: {n} files (setup.sh, run_autograder, the kit); upload it as the "
+          "autograder of a Gradescope programming assignment")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="grader", description="Instructor tools for the NumPy GPT lab kit.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -162,6 +184,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--test-timeout", type=float, default=10, help="seconds per test (default 10)")
     s.add_argument("--memory", type=int, default=2048, help="address-space limit in MB (default 2048)")
     s.set_defaults(func=cmd_grade)
+
+    s = sub.add_parser("release", help="write the student copy (stubs, public tests, docs) to OUT")
+    s.add_argument("out", help="output folder (must be empty or absent)")
+    s.add_argument("--force", action="store_true", help="replace OUT if it is not empty")
+    s.set_defaults(func=cmd_release)
+
+    s = sub.add_parser("gradescope", help="write a Gradescope autograder bundle (.zip)")
+    s.add_argument("out", help="the bundle to write, e.g. autograder.zip")
+    s.set_defaults(func=cmd_gradescope)
 
     s = sub.add_parser("validate", help="check the whole kit: stubs, fixtures, solutions, bug catalogue")
     s.add_argument("--labs", help="comma-separated lab numbers (default: all)")

@@ -4,7 +4,9 @@
 - stored fixtures are current (recipes that need torch are skipped without it);
 - the solutions pass every test;
 - the stubs fail every lab test, each with the stub's NotImplementedError naming its lab;
+- the student copy (``grader release``) builds and holds no solution text;
 - every bug in the catalogue is caught and explained.
+Hidden tests (``tests/hidden/``) are part of "every test".
 """
 
 from __future__ import annotations
@@ -68,6 +70,21 @@ def check_solutions_pass(marker: str | None = None) -> Section:
     return sec
 
 
+def check_release() -> Section:
+    """The student copy builds and holds no solution text."""
+    import tempfile
+    from pathlib import Path
+
+    from grader.release import ReleaseError, release
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            entries = release(Path(tmp) / "release")
+        except ReleaseError as exc:
+            return Section("the student copy builds without solution text", False, str(exc).splitlines())
+    return Section("the student copy builds without solution text", True, [", ".join(entries)])
+
+
 def run(jobs: int = 2, labs: list[str] | None = None) -> list[Section]:
     sections = []
 
@@ -83,6 +100,8 @@ def run(jobs: int = 2, labs: list[str] | None = None) -> list[Section]:
     marker = " or ".join(f"lab{n}" for n in labs) if labs else None
     sections.append(check_solutions_pass(marker))
     sections.append(check_stubs_fail(marker))
+
+    sections.append(check_release())
 
     bugs = catalogue.load_catalogue(labs=labs)
     results = catalogue.check_catalogue(bugs, jobs=jobs)

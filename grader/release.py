@@ -1,0 +1,106 @@
+"""``grader release OUT``: the student copy of the kit.
+
+It holds the stubs, the lab READMEs, the public tests with their fixtures, the docs,
+the ``gptkit`` helpers, a student README, and pyproject/uv.lock. It holds no solutions,
+no hidden tests, no bug catalogue, no grader — and it is checked: no line of any
+solution block may appear in any file of the release.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+from gptkit.testing.layout import KIT_ROOT, LAB_DIR_RE, lab_dirs
+from grader.stubs import BEGIN, END, expected_stubs, stale_stubs
+
+TEMPLATE = Path(__file__).with_name("templates") / "STUDENT_README.md"
+MIN_LEAK_CHARS = 20  # shorter lines ("return x") are too generic to call a leak
+
+
+class ReleaseError(RuntimeError):
+    pass
+
+
+def solution_lines(solutions: Path = KIT_ROOT / "solutions") -> dict[str, str]:
+    """Distinctive lines from inside every solution block → 'file:line' where they come from."""
+    found: dict[str, str] = {}
+    for lab in lab_dirs(solutions):
+        for module in lab.modules():
+            path = lab.code_dir / f"{module}.py"
+            inside = False
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                if BEGIN.match(line):
+                    inside = True
+                elif END.match(line):
+                    inside = False
+                elif inside:
+                    text = line.strip()
+                    if len(text) >= MIN_LEAK_CHARS and not text.startswith("#"):
+                        found.setdefault(text, f"{path.relative_to(KIT_ROOT)}:{n}")
+    # A line that also stands in the public part of any stub (e.g. `if mask is not None:`)
+    # gives nothing away.
+    public = {line.strip() for text in expected_stubs(solutions).values() for line in text.splitlines()}
+    return {k: v for k, v in found.items() if k not in public}
+
+
+def find_leaks(root: Path, solutions: Path = KIT_ROOT / "solutions") -> list[str]:
+    lines = solution_lines(solutions)
+    leaks = []
+    for f in sorted(root.rglob("*")):
+        if not f.is_file() or f.suffix in (".npz", ".lock") or ".venv" in f.parts:
+            continue
+        try:
+            text = f.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        for n, line in enumerate(text.splitlines(), 1):
+            src = lines.get(line.strip())
+            if src:
+                leaks.append(f"{f.relative_to(root)}:{n} repeats solution line {src}")
+    return leaks
+
+
+def _student_pyproject(text: str) -> str:
+    text = re.sub(r"\n\[project\.scripts\]\n(?:[^\[\n].*\n)*", "\n", text)
+    text = text.replace('packages = ["gptkit", "grader"]', 'packages = ["gptkit"]')
+    return text
+
+
+def release(out: Path, *, force: bool = False) -> list[str]:
+    """Write the student copy to ``out``; returns what was written (top-level entries)."""
+    out = Path(out).resolve()
+    if out == KIT_ROOT or KIT_ROOT in out.parents and out.parent == KIT_ROOT and out.name in ("labs", "tests"):
+        raise ReleaseError(f"refusing to release into {out}")
+    if out.exists() and any(out.iterdir()):
+        if not force:
+            raise ReleaseError(f"{out} is not empty (use --force to replace it)")
+        shutil.rmtree(out)
+    stale = stale_stubs()
+    if stale:
+        raise ReleaseError("stubs are out of date: run `uv run grader stubs` first: "
+                           + ", ".join(str(p.relative_to(KIT_ROOT)) for p in stale))
+    out.mkdir(parents=True, exist_ok=True)
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", ".hypothesis")
+    for lab in lab_dirs(KIT_ROOT / "labs"):
+        shutil.copytree(KIT_ROOT / "labs" / lab.name, out / "labs" / lab.name, ignore=skip)
+    (out / "tests").mkdir()
+    shutil.copy2(KIT_ROOT / "tests" / "conftest.py", out / "tests" / "conftest.py")
+    for d in sorted((KIT_ROOT / "tests").iterdir()):
+        if d.is_dir() and LAB_DIR_RE.match(d.name):
+            shutil.copytree(d, out / "tests" / d.name,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "make_fixtures.py"))
+    shutil.copytree(KIT_ROOT / "gptkit", out / "gptkit", ignore=skip)
+    if (KIT_ROOT / "docs").is_dir():
+        shutil.copytree(KIT_ROOT / "docs", out / "docs", ignore=skip)
+    shutil.copy2(TEMPLATE, out / "README.md")
+    (out / "pyproject.toml").write_text(_student_pyproject((KIT_ROOT / "pyproject.toml").read_text(encoding="utf-8")),
+                                        encoding="utf-8")
+    shutil.copy2(KIT_ROOT / "uv.lock", out / "uv.lock")
+    (out / ".gitignore").write_text(".venv/\n__pycache__/\n*.pyc\n.pytest_cache/\n.hypothesis/\n")
+    leaks = find_leaks(out)
+    if leaks:
+        shutil.rmtree(out)
+        raise ReleaseError("solution text found in the release (nothing was written):\n  " + "\n  ".join(leaks[:20]))
+    return sorted(p.name for p in out.iterdir())

@@ -1,0 +1,89 @@
+"""A batch: one result per student, written as each finishes; a killed batch resumes
+without regrading anyone; the same submission always gets the same result; the class
+outputs (CSV, stats, HTML) cover everyone."""
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from gptkit.testing.layout import KIT_ROOT
+
+EXAMPLES = KIT_ROOT / "examples" / "submissions"
+
+
+def _class_folder(tmp_path, n_copies=0):
+    folder = tmp_path / "class"
+    folder.mkdir()
+    for name in ("alice", "bob", "grace_typos"):
+        shutil.copytree(EXAMPLES / name, folder / name)
+    shutil.copy2(EXAMPLES / "carol.zip", folder / "carol.zip")
+    for i in range(n_copies):
+        shutil.copytree(EXAMPLES / "alice", folder / f"alice{i}")
+    (folder / "broken.zip").write_bytes(b"not a zip")
+    return folder
+
+
+def _grade_cmd(folder, out, *extra):
+    return [sys.executable, "-m", "grader.cli", "grade", str(folder), "-o", str(out), "--labs", "01,02,03",
+            "--jobs", "2", "--test-timeout", "5", *extra]
+
+
+def test_batch_outputs_cover_every_student(tmp_path):
+    folder = _class_folder(tmp_path)
+    out = tmp_path / "out"
+    proc = subprocess.run(_grade_cmd(folder, out), cwd=KIT_ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = list(csv.DictReader((out / "gradebook.csv").open()))
+    assert [r["student"] for r in rows] == ["alice", "bob", "broken", "carol", "grace_typos"]
+    by = {r["student"]: r for r in rows}
+    assert by["alice"]["total"] == "30" and by["broken"]["total"] == "0"
+    assert "not graded" in by["broken"]["flags"] and "missing" in by["bob"]["flags"].lower() + proc.stdout
+    for student in by:
+        d = out / "students" / student
+        assert {"result.json", "feedback.md", "results.json"} <= {p.name for p in d.iterdir()}
+        gs = json.loads((d / "results.json").read_text())
+        assert isinstance(gs["score"], (int, float)) and isinstance(gs["tests"], list)
+    html = (out / "report.html").read_text()
+    assert "<svg" in html and "carol" in html and "<script" not in html
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["students"] == 5 and stats["graded"] == 4
+    assert "not graded: broken" in proc.stdout and "student" in proc.stdout  # the summary table
+
+
+def test_killed_batch_resumes_without_regrading(tmp_path):
+    folder = _class_folder(tmp_path, n_copies=4)
+    out = tmp_path / "out"
+    proc = subprocess.Popen(_grade_cmd(folder, out), cwd=KIT_ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 300
+    done = []
+    while time.monotonic() < deadline and len(done) < 2:
+        done = list((out / "students").glob("*/result.json")) if (out / "students").is_dir() else []
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)  # kill -9, mid-batch
+    proc.wait()
+    assert done, "no student finished before the kill"
+    before = {p.parent.name: p.stat().st_mtime_ns for p in (out / "students").glob("*/result.json")}
+    assert len(before) < 9, "the batch finished before it could be killed; the test proves nothing"
+    for p in (out / "students").glob("*/result.json"):  # every written result is whole JSON
+        json.loads(p.read_text())
+    again = subprocess.run(_grade_cmd(folder, out), cwd=KIT_ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    after = {p.parent.name: p.stat().st_mtime_ns for p in (out / "students").glob("*/result.json")}
+    assert len(after) == 9
+    regraded = [s for s, t in before.items() if after[s] != t and s != "broken"]
+    assert not regraded, f"students graded twice: {regraded}"
+
+
+def test_same_submission_same_result(grader):
+    a = grader.grade("a", EXAMPLES / "carol.zip")
+    b = grader.grade("b", EXAMPLES / "carol.zip")
+    strip = lambda r: {lab: [(t.nodeid, t.outcome, t.points, t.message) for t in lr.tests]  # noqa: E731
+                       for lab, lr in r.labs.items()}
+    assert strip(a) == strip(b) and a.total == b.total
+    assert 0 < a.total < 30

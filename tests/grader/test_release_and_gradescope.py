@@ -1,0 +1,79 @@
+"""The student copy holds no solution, and its stubs fail with their own messages; the
+Gradescope bundle grades a submission laid out as Gradescope lays it out."""
+
+import json
+import os
+import shutil
+import subprocess
+import zipfile
+
+import pytest
+
+from gptkit.testing.layout import KIT_ROOT
+from grader.gradescope import build_bundle
+from grader.release import ReleaseError, find_leaks, release, solution_lines
+
+
+@pytest.fixture(scope="module")
+def student_copy(tmp_path_factory):
+    out = tmp_path_factory.mktemp("release") / "kit"
+    release(out)
+    return out
+
+
+def test_release_has_no_solutions_hidden_tests_or_grader(student_copy):
+    names = {p.relative_to(student_copy).as_posix() for p in student_copy.rglob("*")}
+    for forbidden in ("solutions", "grader", "tests/hidden", "tests/kit", "tests/grader", "examples"):
+        assert forbidden not in names, f"{forbidden} must not be in the student copy"
+    assert not [n for n in names if n.endswith("bugs.toml") or n.endswith("make_fixtures.py")]
+    assert not find_leaks(student_copy)
+    assert "[project.scripts]" not in (student_copy / "pyproject.toml").read_text()
+
+
+def test_leak_check_catches_a_solution_line(student_copy, tmp_path):
+    line = next(iter(solution_lines()))
+    copy = tmp_path / "copy"
+    shutil.copytree(student_copy / "docs", copy / "docs") if (student_copy / "docs").is_dir() else copy.mkdir()
+    (copy / "notes.md").write_text(f"a hint:\n    {line}\n")
+    assert find_leaks(copy), "a solution line in a doc must be reported"
+
+
+def test_release_refuses_a_non_empty_folder(tmp_path):
+    (tmp_path / "x").write_text("keep me")
+    with pytest.raises(ReleaseError, match="not empty"):
+        release(tmp_path)
+    assert (tmp_path / "x").read_text() == "keep me"
+
+
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not on PATH")
+def test_student_copy_runs_its_tests_and_the_stubs_fail(student_copy):
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    proc = subprocess.run(["uv", "run", "--frozen", "pytest", "-m", "lab01", "-q", "-p", "no:cacheprovider"],
+                          cwd=student_copy, capture_output=True, text=True, timeout=600, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "passed" not in out.splitlines()[-1], out[-1000:]
+    assert "NotImplementedError: Lab 01" in out and "error" not in out.splitlines()[-1], out[-2000:]
+
+
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not on PATH")
+def test_gradescope_bundle_grades_a_submission(tmp_path):
+    bundle = tmp_path / "autograder.zip"
+    build_bundle(bundle)
+    root = tmp_path / "autograder"
+    with zipfile.ZipFile(bundle) as zf:
+        names = zf.namelist()
+        assert "setup.sh" in names and "run_autograder" in names and "solutions/01_causal_mask/causal_mask.py" in names
+        zf.extractall(root / "source")
+    shutil.copytree(KIT_ROOT / "examples" / "submissions" / "bob", root / "submission")
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    env["AUTOGRADER_ROOT"] = str(root)
+    proc = subprocess.run(["bash", str(root / "source" / "run_autograder")], capture_output=True, text=True,
+                          timeout=900, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    results = json.loads((root / "results" / "results.json").read_text())
+    assert results.get("tests"), results.get("output")
+    assert 0 < results["score"] < sum(t["max_score"] for t in results["tests"])
+    for t in results["tests"]:
+        assert {"name", "score", "max_score", "visibility"} <= set(t)
+    assert "missing" in results.get("output", "")
