@@ -83,7 +83,7 @@ class Progress:
         eta = (self.total - self.done) / rate if rate else 0
         width = 24
         filled = int(width * self.done / max(1, self.total))
-        status = "kept" if reused else ("NOT GRADED: " + result.error if result.error else f"{result.total:g}/{result.max_total:g}")
+        status = "kept" if reused else ("NOT GRADED: " + result.error if result.error else f"{result.total:.2f}/{result.max_total:g}")
         line = (f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
                 f"eta {int(eta) // 60}:{int(eta) % 60:02d}  {result.student}: {status}")
         if self.tty:

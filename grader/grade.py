@@ -309,6 +309,7 @@ class Grader:
             timeout = next((e for e in events if e["event"] == "lab_timeout"), None)
             end = next((e for e in events if e["event"] == "lab_end"), None)
             crash = next((e for e in events if e["event"] == "lab_crash"), None)
+            stopped = next((e for e in events if e["event"] == "lab_stopped"), None)
             if timeout:
                 lr.flags.append(f"time limit: the lab's tests ran past {timeout['seconds']:g} s")
             printed = raw.lab_output_bytes.get(lab, 0)
@@ -331,7 +332,9 @@ class Grader:
                     why = "no result"
                     if started.get(lab) and started[lab] not in results:
                         why = f"no result: the test process died while running {started[lab].split('::')[-1]}"
-                    if timeout:
+                    if stopped:
+                        why = f"not run: the lab's tests were stopped once {stopped['what']}"
+                    elif timeout:
                         why = f"no result: the lab's tests were stopped after {timeout['seconds']:g} s"
                     elif raw.killed:
                         why = f"no result: {raw.killed}"

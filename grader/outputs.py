@@ -14,6 +14,11 @@ from pathlib import Path
 from grader.grade import RESULT_FILE, StudentResult, write_atomic
 
 
+def pts(x: float) -> str:
+    """Points as people write them: 8.21, 10, 0.5."""
+    return f"{x:.2f}".rstrip("0").rstrip(".")
+
+
 def _short(nodeid: str) -> str:
     return nodeid.split("/")[-1]
 
@@ -39,12 +44,12 @@ def feedback_markdown(r: StudentResult) -> str:
     out = [f"# Feedback for {r.student}", ""]
     if r.error:
         out += [f"**This submission could not be graded:** {r.error}", ""]
-    out += [f"**Total: {r.total:g} / {r.max_total:g}**", ""]
+    out += [f"**Total: {pts(r.total)} / {pts(r.max_total)}**", ""]
     if r.flags:
         out += ["Notes:", *[f"- {f}" for f in r.flags], ""]
     hidden = hidden_names(r)
     for lab, lr in r.labs.items():
-        out += [f"## {lab}: {lr.points:g} / {lr.max_points:g}", ""]
+        out += [f"## {lab}: {pts(lr.points)} / {pts(lr.max_points)}", ""]
         out += [f"- note: {f}" for f in lr.flags]
         failed = [t for t in lr.tests if t.outcome != "passed"]
         passed = len(lr.tests) - len(failed)
@@ -106,19 +111,26 @@ def gradebook_csv(labs: list[str], results: list[StudentResult]) -> str:
     w = csv.writer(buf)
     w.writerow(["student", *labs, "total", "max", "flags"])
     for r in results:
-        w.writerow([r.student, *[f"{r.labs[lab].points:g}" if lab in r.labs else "" for lab in labs],
-                    f"{r.total:g}", f"{r.max_total:g}", " | ".join(all_flags(r))])
+        w.writerow([r.student, *[pts(r.labs[lab].points) if lab in r.labs else "" for lab in labs],
+                    pts(r.total), pts(r.max_total), " | ".join(all_flags(r))])
     return buf.getvalue()
 
 
-_NUM = re.compile(r"-?\d+(\.\d+)?(e[-+]?\d+)?")
+_FLOAT = re.compile(r"-?\d+\.\d+(?:e[-+]?\d+)?|-?\d+e[-+]?\d+")
+_DIFFER = re.compile(r"^(?P<what>.*?): \d+ of \d+ (?:elements|values) ")
+_MATCHES = re.compile(r"Your result matches ([^.]+)")
 
 
 def failure_kind(message: str) -> str:
-    """Group failure messages that differ only by numbers."""
-    line = _first_line(message, 400)
-    line = _NUM.sub("#", line)
-    return line[:160]
+    """A failure message reduced to its concept, so one mistake made by many students
+    counts as one kind: "attention weights: wrong values (matches … no 1/√d scaling)"."""
+    line = re.sub(r"^(AssertionError|Failed): ", "", _first_line(message, 400))
+    m = _DIFFER.match(line)
+    if m:
+        kind = f"{m.group('what')}: wrong values"
+        diag = _MATCHES.search(message)
+        return kind + (f" (matches {diag.group(1)})" if diag else "")
+    return _FLOAT.sub("#", line)[:160]
 
 
 def class_stats(labs: list[str], results: list[StudentResult]) -> dict:
@@ -139,9 +151,11 @@ def class_stats(labs: list[str], results: list[StudentResult]) -> dict:
                     s["failures"][failure_kind(t.message) or t.outcome] += 1
         lab_points = [r.labs[lab].points / r.labs[lab].max_points for r in graded
                       if lab in r.labs and r.labs[lab].max_points]
-        lab_fail = Counter()
-        for s in tests.values():
-            lab_fail.update(s["failures"])
+        lab_fail = Counter()  # how many students hit each kind of failure
+        for r in graded:
+            if lab in r.labs:
+                lab_fail.update({failure_kind(t.message) or t.outcome
+                                 for t in r.labs[lab].tests if t.outcome != "passed" and not t.hidden})
         stats["labs"][lab] = {
             "mean_fraction": sum(lab_points) / len(lab_points) if lab_points else 0.0,
             "full_marks": sum(1 for x in lab_points if x >= 0.9999),
@@ -170,7 +184,7 @@ def summary_table(labs: list[str], results: list[StudentResult], stats: dict) ->
         lines.append(f"{lab}: hardest tests: {', '.join(parts)}")
         if s["common_failures"]:
             msg, n = s["common_failures"][0]
-            lines.append(f"    most common failure ({n}×): {msg}")
+            lines.append(f"    most common failure ({n} student{'s' if n != 1 else ''}): {msg}")
     return "\n".join(lines)
 
 
@@ -206,8 +220,8 @@ def report_html(labs: list[str], results: list[StudentResult], stats: dict) -> s
                         f"{stats['graded']} with full marks</p><table><tr><th>test</th><th>pass rate</th>"
                         f"<th>most common failures</th></tr>{''.join(rows)}</table>")
     students = "".join(
-        f"<tr><td>{e(r.student)}</td>{''.join(f'<td class=num>{r.labs[lab].points:g}</td>' if lab in r.labs else '<td></td>' for lab in labs)}"
-        f"<td class=num><b>{r.total:g}</b> / {r.max_total:g}</td><td>{e(' | '.join(all_flags(r)))}</td></tr>"
+        f"<tr><td>{e(r.student)}</td>{''.join(f'<td class=num>{pts(r.labs[lab].points)}</td>' if lab in r.labs else '<td></td>' for lab in labs)}"
+        f"<td class=num><b>{pts(r.total)}</b> / {pts(r.max_total)}</td><td>{e(' | '.join(all_flags(r)))}</td></tr>"
         for r in results)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Class report</title>

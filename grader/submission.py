@@ -61,8 +61,8 @@ def discover(paths: list[Path]) -> list[tuple[str, Path]]:
             found.append((_student_id(path), path))
             continue
         for entry in sorted(path.iterdir()):
-            if entry.name.startswith("."):
-                continue
+            if entry.name.startswith(".") or entry.name.upper().startswith("README"):
+                continue  # notes beside the submissions are not submissions
             if entry.is_dir() or entry.suffix.lower() == ".zip" or entry.is_file():
                 found.append((_student_id(entry), entry))
     return found

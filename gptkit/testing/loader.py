@@ -25,8 +25,13 @@ def set_root(root) -> None:
 
 
 def _where(module: str) -> str:
+    """The file as the student knows it: labs/NN_name/src/<module>.py."""
     lab = module_lab(module, _current_root) if _current_root is not None else None
-    return f"{lab.code_dir / (module + '.py')}" if lab else f"{module}.py"
+    if lab is None:
+        return f"{module}.py"
+    if lab.code_dir.name != "src" and lab.code_dir.parent.name == "solutions":
+        return f"solutions/{lab.name}/{module}.py"
+    return f"labs/{lab.name}/src/{module}.py"
 
 
 class _LabModule:

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-_state = {"token": None, "out": None, "timeout": 10.0, "lab": ""}
+_state = {"token": None, "out": None, "timeout": 10.0, "lab": "", "timeouts": 0}
+MAX_TIMEOUTS = 3  # after this many tests hit the limit, the rest of the lab is not run
 
 
 class TestTimeLimit(BaseException):
@@ -47,6 +48,11 @@ def pytest_runtest_protocol(item, nextitem):
     rec = _reports.pop(item.nodeid)
     rec["duration"] = round(time.monotonic() - start, 4)
     _emit("test", nodeid=item.nodeid, **rec)
+    if "TestTimeLimit" in rec["message"]:
+        _state["timeouts"] += 1
+        if _state["timeouts"] >= MAX_TIMEOUTS:
+            _emit("lab_stopped", lab=_state["lab"], what=f"{MAX_TIMEOUTS} tests ran past the time limit")
+            item.session.shouldstop = "too many tests ran past the time limit"
 
 
 def pytest_runtest_logreport(report):

@@ -19,9 +19,10 @@ EXAMPLES = KIT_ROOT / "examples" / "submissions"
 def _class_folder(tmp_path, n_copies=0):
     folder = tmp_path / "class"
     folder.mkdir()
-    for name in ("alice", "bob", "grace_typos"):
-        shutil.copytree(EXAMPLES / name, folder / name)
-    shutil.copy2(EXAMPLES / "carol.zip", folder / "carol.zip")
+    shutil.copytree(EXAMPLES / "alice", folder / "alice")
+    for name in ("bob.zip", "carol.zip", "grace_typos.zip"):
+        shutil.copy2(EXAMPLES / name, folder / name)
+    (folder / "README.md").write_text("notes beside the submissions are not a submission")
     for i in range(n_copies):
         shutil.copytree(EXAMPLES / "alice", folder / f"alice{i}")
     (folder / "broken.zip").write_bytes(b"not a zip")

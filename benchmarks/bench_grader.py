@@ -1,0 +1,67 @@
+"""Grader overhead: grading N identical complete submissions with `--jobs 2` against
+running the same tests bare with pytest on each submission, 2 at a time.
+
+    uv run python benchmarks/bench_grader.py [N]
+
+Prints both wall times and their ratio (target: the grader's overhead under 50%, i.e.
+a ratio under 1.5). The grader's one-off calibration run is timed separately.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from grader.grade import Grader  # noqa: E402
+from grader.sandbox.runner import Limits  # noqa: E402
+
+LABS = ["01", "02", "03"]
+ALICE = ROOT / "examples" / "submissions" / "alice"
+
+
+def bare(sub: Path) -> None:
+    tests = [str(ROOT / "tests" / d.name) for d in sorted((ROOT / "tests").iterdir()) if d.name[:2] in LABS]
+    tests += [str(ROOT / "tests" / "hidden" / d.name) for d in sorted((ROOT / "tests" / "hidden").iterdir())
+              if d.name[:2] in LABS]
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--impl={sub / 'labs'}",
+                    "-m", "not torch", *tests], cwd=ROOT, check=True, capture_output=True)
+
+
+def main() -> None:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 8
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        subs = tmp / "class"
+        for i in range(n):
+            shutil.copytree(ALICE, subs / f"student{i:03d}")
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(bare, sorted(subs.iterdir())))
+        t_bare = time.perf_counter() - t0
+
+        g = Grader(tmp / "out", LABS, limits=Limits(), log=lambda *_: None)
+        (g.out_dir / ".scratch").mkdir(parents=True)
+        t0 = time.perf_counter()
+        g.prepare()
+        t_calib = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        results = g.run_batch([subs], jobs=2)
+        t_grade = time.perf_counter() - t0
+        assert all(r.total == r.max_total for r in results), "every copy is complete"
+    print(f"{n} identical complete submissions, labs {','.join(LABS)}, 2 jobs, isolation: {g.isolation}")
+    print(f"  bare pytest, 2 at a time : {t_bare:6.2f} s  ({t_bare / n:.2f} s per submission)")
+    print(f"  grader grade --jobs 2    : {t_grade:6.2f} s  ({t_grade / n:.2f} s per submission)")
+    print(f"  one-off calibration      : {t_calib:6.2f} s")
+    print(f"  ratio grader / bare      : {t_grade / t_bare:.2f}  (overhead {100 * (t_grade / t_bare - 1):+.0f}%)")
+
+
+if __name__ == "__main__":
+    main()
