@@ -65,7 +65,8 @@ def test_gradescope_bundle_grades_a_submission(tmp_path):
         names = zf.namelist()
         assert "setup.sh" in names and "run_autograder" in names and "solutions/01_causal_mask/causal_mask.py" in names
         zf.extractall(root / "source")
-    shutil.copytree(KIT_ROOT / "examples" / "submissions" / "bob", root / "submission")
+    with zipfile.ZipFile(KIT_ROOT / "examples" / "submissions" / "bob.zip") as zf:
+        zf.extractall(root / "submission")  # Gradescope unpacks an uploaded zip the same way
     env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
     env["AUTOGRADER_ROOT"] = str(root)
     proc = subprocess.run(["bash", str(root / "source" / "run_autograder")], capture_output=True, text=True,
