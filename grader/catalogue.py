@@ -10,6 +10,17 @@
     replace = "    return key_pos >= query_pos\n"
     expect = ["future"]   # a failing test's message must name one of these
 
+A bug that needs several edits lists them instead of ``find``/``replace``:
+
+    edits = [{find = "...", replace = "..."}, {file = "03_layernorm_ffn/layers.py", find = "...", replace = "..."}]
+
+``live = true`` marks a bug that only the live PyTorch/HuggingFace tests can catch (e.g.
+on the GPT-2-small-shaped model): its check runs those tests too; every other bug must
+be caught by the stored-fixture tests alone, as a student without torch runs them.
+
+An edit's ``file`` (default: the bug's) is a module of this lab, or ``NN_name/module.py``
+for an earlier lab's module that this lab's tests reach (only this lab's tests run).
+
 Each bug is applied to a temporary copy of the solutions and the lab's tests are run
 on it: the bug is *caught* when a test fails, and *explained* when a failure message
 contains one of the ``expect`` words (the concept, in the lab's terms).
@@ -33,14 +44,20 @@ class CatalogueError(ValueError):
 
 
 @dataclass(frozen=True)
+class Edit:
+    file: str  # "module.py" (this lab) or "NN_name/module.py"
+    find: str
+    replace: str
+
+
+@dataclass(frozen=True)
 class Bug:
     lab: str
     id: str
     concept: str
-    file: str
-    find: str
-    replace: str
+    edits: tuple[Edit, ...]
     expect: tuple[str, ...]
+    live: bool = False  # caught by the live PyTorch/HuggingFace tests (run only for such bugs)
 
     @property
     def name(self) -> str:
@@ -71,24 +88,31 @@ def load_catalogue(solutions: Path = KIT_ROOT / "solutions", labs: list[str] | N
         data = tomllib.loads(path.read_text(encoding="utf-8"))
         for entry in data.get("bug", []):
             try:
-                bugs.append(Bug(lab.name, entry["id"], entry["concept"], entry["file"],
-                                entry["find"], entry["replace"], tuple(entry["expect"])))
+                raw_edits = entry.get("edits") or [{"find": entry["find"], "replace": entry["replace"]}]
+                edits = tuple(Edit(e.get("file", entry.get("file", "")), e["find"], e["replace"]) for e in raw_edits)
+                if not all(e.file for e in edits):
+                    raise KeyError("file")
+                bugs.append(Bug(lab.name, entry["id"], entry["concept"], edits, tuple(entry["expect"]),
+                                bool(entry.get("live", False))))
             except KeyError as exc:
-                raise CatalogueError(f"{path}: a bug lacks the field {exc}") from None
+                raise CatalogueError(f"{path}: the bug {entry.get('id', '?')!r} lacks the field {exc}") from None
     return bugs
 
 
 def apply_bug(bug: Bug, tree: Path) -> None:
     """Edit the copy in ``tree`` (an implementation tree) to contain ``bug``."""
-    target = tree / bug.lab / bug.file
-    text = target.read_text(encoding="utf-8")
-    count = text.count(bug.find)
-    if count != 1:
-        raise CatalogueError(
-            f"{bug.name}: the text to replace occurs {count} times in {bug.file} (must be exactly once): "
-            "update the catalogue entry after editing the solution"
-        )
-    target.write_text(text.replace(bug.find, bug.replace), encoding="utf-8")
+    for edit in bug.edits:
+        target = tree / (edit.file if "/" in edit.file else f"{bug.lab}/{edit.file}")
+        if not target.is_file():
+            raise CatalogueError(f"{bug.name}: no file {edit.file} to edit")
+        text = target.read_text(encoding="utf-8")
+        count = text.count(edit.find)
+        if count != 1:
+            raise CatalogueError(
+                f"{bug.name}: the text to replace occurs {count} times in {edit.file} (must be exactly once): "
+                "update the catalogue entry after editing the solution"
+            )
+        target.write_text(text.replace(edit.find, edit.replace), encoding="utf-8")
 
 
 def check_bug(bug: Bug, solutions: Path = KIT_ROOT / "solutions") -> BugResult:
@@ -101,7 +125,10 @@ def check_bug(bug: Bug, solutions: Path = KIT_ROOT / "solutions") -> BugResult:
         except CatalogueError as exc:
             result.error = str(exc)
             return result
-        _, results, output = run_pytest(tree, f"lab{bug.lab[:2]}")
+        # The stored-fixture tests must catch a bug on their own (students run them without
+        # torch); only a bug marked `live = true` is also run against the live references.
+        marker = f"lab{bug.lab[:2]}" + ("" if bug.live else " and not torch")
+        _, results, output = run_pytest(tree, marker)
     if not results:
         result.error = "the tests did not run:\n" + output[-2000:]
         return result

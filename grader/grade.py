@@ -349,7 +349,7 @@ class Grader:
             if any("TestTimeLimit" in t.message for t in lr.tests):
                 n = sum("TestTimeLimit" in t.message for t in lr.tests)
                 lr.flags.append(f"time limit: {n} test(s) ran past {self.limits.test_seconds:g} s")
-            if end and (end.get("exit") not in (0, 1) or end.get("signal")) and not timeout:
+            if end and (end.get("exit") not in (0, 1) or end.get("signal")) and not timeout and not stopped:
                 lr.flags.append(f"the test process ended abnormally (exit code {end.get('exit')}, "
                                 f"signal {end.get('signal')})")
             lr.points = round(sum(t.points for t in lr.tests), 4)

@@ -1,8 +1,14 @@
 """Test-side helpers: find the code under test, compare arrays with readable messages,
 read stored fixtures, and reach PyTorch when it is installed."""
 
-from gptkit.testing.assertions import assert_close, assert_float32, mismatch_summary, raises_clearly
+from gptkit.testing.assertions import (
+    assert_close,
+    assert_float32,
+    explains_errors,
+    mismatch_summary,
+    raises_clearly,
+)
 from gptkit.testing.fixtures import load_fixture
 from gptkit.testing.loader import lab
 
-__all__ = ["assert_close", "assert_float32", "lab", "load_fixture", "mismatch_summary", "raises_clearly"]
+__all__ = ["assert_close", "assert_float32", "explains_errors", "lab", "load_fixture", "mismatch_summary", "raises_clearly"]

@@ -126,3 +126,25 @@ def raises_clearly(exc, *, when: str, mentions: str | None = None) -> _Raises:
     """Like ``pytest.raises``, but a miss reads "<when>: expected a ValueError, but nothing
     was raised", and the error's text must mention ``mentions`` when given."""
     return _Raises(exc, when, mentions)
+
+
+class _Explains:
+    """Context manager behind :func:`explains_errors`."""
+
+    def __init__(self, what: str, hint: str):
+        self.what, self.hint = what, hint
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, etype, value, tb):
+        __tracebackhide__ = True
+        if etype is None or issubclass(etype, (NotImplementedError, AssertionError)) or not issubclass(etype, Exception):
+            return False  # success, an unfinished stub, a failed check or an interrupt: as they are
+        raise AssertionError(f"{self.what} raised {etype.__name__}: {value}. {self.hint}") from value
+
+
+def explains_errors(what: str, hint: str) -> _Explains:
+    """Turn an unexpected error inside the block (a crash in the student's code on valid
+    input) into a failure that says what was being done and what usually causes it."""
+    return _Explains(what, hint)

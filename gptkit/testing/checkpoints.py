@@ -1,0 +1,209 @@
+"""GPT-2 checkpoints for tests: random parameters under GPT-2's names, safetensors files
+written with NumPy alone, HuggingFace models built from the same arrays, and where a
+real GPT-2 small lives on this machine (if anywhere).
+
+Random checkpoints randomise *every* parameter (LayerNorm gains and biases, every bias):
+GPT-2's own initialisation (unit gains, zero biases) would hide bugs such as a LayerNorm
+without its affine part. The scales keep activations in the range where mistakes show
+(GELU inputs of a few units, attention that is neither uniform nor one-hot).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+# safetensors dtype names of the arrays this writer can store
+_ST_DTYPES = {np.dtype("<f4"): "F32", np.dtype("<f2"): "F16", np.dtype("<i8"): "I64"}
+
+BLOCK_PARAMETERS = (
+    "ln_1.weight", "ln_1.bias",
+    "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
+    "ln_2.weight", "ln_2.bias",
+    "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias",
+)
+
+
+@dataclass(frozen=True)
+class GPT2Shape:
+    """A GPT-2's sizes, under GPTModel's argument names."""
+
+    vocab_size: int
+    d_model: int
+    num_layers: int
+    num_heads: int
+    max_seq_len: int
+    d_ff: int | None = None  # None: 4·d_model, as GPT-2's n_inner=None
+    layer_norm_eps: float = 1e-5
+
+    @property
+    def ff(self) -> int:
+        return self.d_ff or 4 * self.d_model
+
+    def model_kwargs(self) -> dict:
+        return {"vocab_size": self.vocab_size, "d_model": self.d_model, "num_layers": self.num_layers,
+                "num_heads": self.num_heads, "d_ff": self.ff, "max_seq_len": self.max_seq_len,
+                "layer_norm_eps": self.layer_norm_eps}
+
+    def hf_config(self) -> dict:
+        """config.json's GPT-2 settings (what transformers' GPT2Config takes)."""
+        return {"model_type": "gpt2", "vocab_size": self.vocab_size, "n_embd": self.d_model,
+                "n_layer": self.num_layers, "n_head": self.num_heads, "n_positions": self.max_seq_len,
+                "n_inner": self.d_ff, "layer_norm_epsilon": self.layer_norm_eps,
+                "activation_function": "gelu_new", "bos_token_id": 0, "eos_token_id": 0,
+                "tie_word_embeddings": True}
+
+
+GPT2_SMALL = GPT2Shape(vocab_size=50257, d_model=768, num_layers=12, num_heads=12, max_seq_len=1024)
+
+
+def random_gpt2_state(shape: GPT2Shape, rng: np.random.Generator, *, scale: float = 1.5) -> dict[str, np.ndarray]:
+    """float32 parameters under GPT-2's hub names, every one random.
+
+    Weights are N(0, (scale/√fan_in)²)-ish so each layer keeps unit-sized activations;
+    LayerNorm gains N(1, 0.2²), biases N(0, 0.1²). ``scale`` > 1 sharpens attention and
+    widens GELU inputs.
+    """
+    D, F, V, L = shape.d_model, shape.ff, shape.vocab_size, shape.max_seq_len
+
+    def w(*dims, std):
+        return (rng.standard_normal(dims, dtype=np.float32) * np.float32(std)).astype(np.float32)
+
+    state = {"wte.weight": w(V, D, std=0.15), "wpe.weight": w(L, D, std=0.1)}
+    for i in range(shape.num_layers):
+        p = f"h.{i}."
+        state.update({
+            p + "ln_1.weight": 1 + w(D, std=0.2), p + "ln_1.bias": w(D, std=0.1),
+            p + "attn.c_attn.weight": w(D, 3 * D, std=scale * 1.5 / np.sqrt(D)), p + "attn.c_attn.bias": w(3 * D, std=0.1),
+            p + "attn.c_proj.weight": w(D, D, std=0.5 / np.sqrt(D)), p + "attn.c_proj.bias": w(D, std=0.1),
+            p + "ln_2.weight": 1 + w(D, std=0.2), p + "ln_2.bias": w(D, std=0.1),
+            p + "mlp.c_fc.weight": w(D, F, std=scale * 1.5 / np.sqrt(D)), p + "mlp.c_fc.bias": w(F, std=0.2),
+            p + "mlp.c_proj.weight": w(F, D, std=0.5 / np.sqrt(F)), p + "mlp.c_proj.bias": w(D, std=0.1),
+        })
+    state["ln_f.weight"] = 1 + w(D, std=0.2)
+    state["ln_f.bias"] = w(D, std=0.1)
+    return state
+
+
+def safetensors_bytes(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None,
+                      *, bf16: tuple[str, ...] = ()) -> bytes:
+    """A safetensors file's bytes. Names in ``bf16`` are stored as bfloat16 (truncated
+    float32, the way the format stores it); other arrays keep their dtype."""
+    header: dict = {"__metadata__": metadata} if metadata else {}
+    blobs, offset = [], 0
+    for name in sorted(tensors):
+        arr = np.ascontiguousarray(tensors[name])
+        if name in bf16:
+            data = (arr.astype("<f4").view("<u4") >> 16).astype("<u2").tobytes()
+            dtype = "BF16"
+        else:
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+            dtype = _ST_DTYPES[arr.dtype]
+            data = arr.tobytes()
+        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # the format pads the header to 8 bytes
+    return len(head).to_bytes(8, "little") + head + b"".join(blobs)
+
+
+def hub_layout(state: dict[str, np.ndarray], shape: GPT2Shape) -> dict[str, np.ndarray]:
+    """The tensors as the hub's ``gpt2`` repository stores them: bare names plus each
+    block's ``attn.bias`` causal-mask buffer (1, 1, L, L)."""
+    out = dict(state)
+    mask = np.tril(np.ones((shape.max_seq_len, shape.max_seq_len), np.float32))[None, None]
+    for i in range(shape.num_layers):
+        out[f"h.{i}.attn.bias"] = mask
+    return out
+
+
+def write_checkpoint(folder: Path, state: dict[str, np.ndarray], shape: GPT2Shape, *,
+                     prefix: str = "", config: dict | None = None) -> Path:
+    """``folder/model.safetensors`` + ``folder/config.json``; returns ``folder``."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.safetensors").write_bytes(
+        safetensors_bytes({prefix + k: v for k, v in state.items()}, {"format": "pt"}))
+    (folder / "config.json").write_text(json.dumps(config or shape.hf_config(), indent=1))
+    return folder
+
+
+# -- HuggingFace (only where torch is installed) -------------------------------------------
+
+def hf_model(state: dict[str, np.ndarray], shape: GPT2Shape, device=None):
+    """A ``GPT2LMHeadModel`` in eval mode holding exactly ``state`` (float32)."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = shape.hf_config()
+    cfg.pop("model_type")
+    with torch.device("meta"):  # no time spent on a random init that is overwritten at once
+        model = GPT2LMHeadModel(GPT2Config(**cfg))
+    tensors = {"transformer." + k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in state.items()}
+    missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
+    missing = [m for m in missing if m != "lm_head.weight" and not m.endswith(".attn.bias")]
+    assert not missing and not unexpected, (missing, unexpected)
+    model.tie_weights()
+    return model.to(device or "cpu").eval()
+
+
+# -- real GPT-2 small -------------------------------------------------------------------------
+
+GPT2_DIR_ENV = "GPT2_DIR"
+HOW_TO_GET_GPT2 = (
+    "real GPT-2 small weights not found: on a machine with internet run "
+    "`uv run --extra torch python -c \"from transformers import GPT2LMHeadModel; "
+    "GPT2LMHeadModel.from_pretrained('gpt2')\"` (fills the HuggingFace cache), "
+    f"or set {GPT2_DIR_ENV} to a folder holding GPT-2's config.json and model.safetensors"
+)
+
+
+def find_real_gpt2() -> Path | None:
+    """A folder with real GPT-2 small's ``config.json`` and ``model.safetensors``: the
+    folder named by $GPT2_DIR, else the HuggingFace cache's ``gpt2`` (or
+    ``openai-community/gpt2``) snapshot, else None."""
+    candidates = []
+    if os.environ.get(GPT2_DIR_ENV):
+        candidates.append(Path(os.environ[GPT2_DIR_ENV]).expanduser())
+    hub = os.environ.get("HF_HUB_CACHE") or (
+        Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub")
+    for repo in ("models--gpt2", "models--openai-community--gpt2"):  # the hub's old and new names
+        candidates += sorted((Path(hub) / repo / "snapshots").glob("*"), reverse=True)
+    for folder in candidates:
+        if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
+            return folder
+    return None
+
+
+# -- putting parameters into the code under test ------------------------------------------------
+
+def set_parameters(layer, params: dict[str, np.ndarray], what: str):
+    """Load ``params`` into ``layer`` by GPT-2's names; returns the layer in eval mode.
+
+    A mismatch fails the test with the names in question (the student's own parameter
+    names, shapes or an extra untied head), not with a traceback from ``Layer``.
+    """
+    __tracebackhide__ = True
+    own = {k: np.shape(v) for k, v in layer.state_dict().items()}
+    extra = sorted(set(own) - set(params))
+    missing = sorted(set(params) - set(own))
+    wrong = [f"{k} is {own[k]}, GPT-2 has {np.shape(params[k])}" for k in sorted(set(own) & set(params))
+             if own[k] != np.shape(params[k])]
+    problems = []
+    if extra:
+        tied = " (GPT-2 has no separate output head: the logits reuse wte.weight, the head is tied)" \
+            if any("head" in k for k in extra) else ""
+        problems.append(f"parameters GPT-2 does not have: {', '.join(extra[:6])}{tied}")
+    if missing:
+        problems.append(f"no parameter named {', '.join(missing[:6])}")
+    if wrong:
+        problems.append("wrong shapes: " + "; ".join(wrong[:6]))
+    if problems:
+        raise AssertionError(f"{what}: its parameters must be GPT-2's, by name and shape: " + " | ".join(problems))
+    layer.load_state_dict(params)
+    return layer.eval()

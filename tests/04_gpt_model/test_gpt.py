@@ -1,0 +1,260 @@
+"""Lab 04 · multi-head attention with GPT-2's fused q/k/v, the pre-norm block, GPTModel."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gptkit.testing import assert_close, assert_float32, lab, load_fixture, raises_clearly
+from gptkit.testing.checkpoints import set_parameters
+
+G = lab("gpt")
+LAB = "04_gpt_model"
+D, H, F = 12, 3, 20  # the fixtures' sizes: d_head = 4
+
+WRONG_ORDER = "q, k, v cut from c_attn's output in the wrong order (GPT-2's order is q, then k, then v)"
+INTERLEAVED = "heads interleaved (head h must own the contiguous columns h·d_head … (h+1)·d_head-1)"
+MERGE_WRONG = "heads merged in the wrong order (move the head axis back next to d_head, then reshape)"
+SCALE_D_MODEL = "scores scaled by 1/√d_model instead of 1/√d_head (each head has width d_head)"
+NO_SCALE = "scores not scaled by 1/√d_head"
+
+
+def _params(f, prefix="param."):
+    return {k[len(prefix):]: v for k, v in f.items() if k.startswith(prefix)}
+
+
+def _mha(dropout=0.1):
+    f = load_fixture(LAB, "mha")
+    layer = G.MultiHeadAttention(D, H, dropout=dropout, rng=np.random.default_rng(1))
+    return set_parameters(layer, _params(f), f"MultiHeadAttention({D}, {H})"), f
+
+
+def _block():
+    f = load_fixture(LAB, "block")
+    layer = G.TransformerBlock(D, H, F, dropout=0.1, rng=np.random.default_rng(1))
+    return set_parameters(layer, _params(f), f"TransformerBlock({D}, {H}, {F})"), f
+
+
+def _model(case="model", dropout=0.1):
+    f = load_fixture(LAB, case)
+    p = _params(f)
+    V, Dm = p["wte.weight"].shape
+    L = p["wpe.weight"].shape[0]
+    layers = len({k.split(".")[1] for k in p if k.startswith("h.")})
+    Fm = p["h.0.mlp.c_fc.weight"].shape[1]
+    model = G.GPTModel(V, Dm, layers, H, Fm, L, dropout=dropout, rng=np.random.default_rng(1))
+    return set_parameters(model, p, f"GPTModel(vocab_size={V}, d_model={Dm}, num_layers={layers})"), f
+
+
+# --- heads ---------------------------------------------------------------------------------
+
+def test_split_heads_gives_each_head_its_columns():
+    layer, _ = _mha()
+    f = load_fixture(LAB, "heads")
+    out = layer.split_heads(f["x"])
+    assert_close(out, f["split"], what="split_heads(x) for x (2, 5, 12), 3 heads", atol=0, rtol=0,
+                 diagnoses={INTERLEAVED: f["split_interleaved"]},
+                 hint="(B, T, D) → (B, H, T, d_head): head h gets columns h·d_head … (h+1)·d_head-1 of x")
+
+
+def test_merge_heads_puts_head_h_back_at_its_columns():
+    layer, _ = _mha()
+    B, T, d = 2, 4, D // H
+    x = np.zeros((B, H, T, d), np.float32)
+    x += np.arange(H, dtype=np.float32)[None, :, None, None] * 100 + np.arange(d, dtype=np.float32)
+    x += np.arange(T, dtype=np.float32)[None, None, :, None] * 10
+    merged = layer.merge_heads(x)
+    assert isinstance(merged, np.ndarray) and merged.shape == (B, T, D), (
+        f"merge_heads must return (B, T, D) = {(B, T, D)}, got {getattr(merged, 'shape', type(merged).__name__)}")
+    for c in range(D):
+        h, j = divmod(c, d)
+        if not np.array_equal(merged[:, :, c], x[:, h, :, j]):
+            raise AssertionError(
+                f"merge_heads: column {c} of the output must hold head {h}'s column {j}, but it holds "
+                f"other values: {MERGE_WRONG}")
+
+
+@given(st.integers(1, 4), st.integers(1, 5), st.integers(1, 6), st.integers(1, 3))
+def test_merge_heads_inverts_split_heads(heads, d_head, T, B):
+    layer = G.MultiHeadAttention(heads * d_head, heads, rng=np.random.default_rng(0))
+    x = np.random.default_rng(T).normal(size=(B, T, heads * d_head)).astype(np.float32)
+    split = layer.split_heads(x)
+    assert split.shape == (B, heads, T, d_head), (
+        f"split_heads must give (B, H, T, d_head) = {(B, heads, T, d_head)}, got {split.shape}")
+    assert_close(layer.merge_heads(split), x, what="merge_heads(split_heads(x))", atol=0, rtol=0,
+                 hint="merge_heads must undo split_heads exactly")
+
+
+# --- attention over all heads ---------------------------------------------------------------
+
+def test_attend_matches_reference():
+    layer, _ = _mha()
+    f = load_fixture(LAB, "attend")
+    out = layer.attend(f["q"], f["k"], f["v"])
+    assert_close(out, f["out"], what="attend(q, k, v) for 3 heads of width 4, T = S = 7",
+                 diagnoses={SCALE_D_MODEL: f["out_scale_d_model"], NO_SCALE: f["out_no_scale"]},
+                 hint="softmax(q·kᵀ/√d_head + causal mask) @ v, for every batch row and head at once")
+    assert_float32(out, "attend output")
+
+
+def test_attend_with_fewer_queries_than_keys():
+    layer, _ = _mha()
+    f = load_fixture(LAB, "attend")
+    out = layer.attend(f["q"][:, :, 4:], f["k"], f["v"])
+    assert_close(out, f["out_T3"], what="attend for T = 3 queries over S = 7 keys",
+                 hint="with S > T the queries are the last T positions: query i sits at position "
+                      "S - T + i and sees keys 0 … S - T + i (lab 01's causal_mask(T, S))")
+
+
+@given(st.integers(0, 5), st.integers(0, 2**32 - 1))
+def test_attend_never_looks_at_future_keys(t, seed):
+    layer, _ = _mha()
+    f = load_fixture(LAB, "attend")
+    q, k, v = f["q"], f["k"], f["v"]
+    out = layer.attend(q, k, v)
+    rng = np.random.default_rng(seed)
+    k2, v2 = k.copy(), v.copy()
+    k2[:, :, t + 1:] = rng.normal(size=k2[:, :, t + 1:].shape)
+    v2[:, :, t + 1:] = rng.normal(size=v2[:, :, t + 1:].shape)
+    assert_close(layer.attend(q, k2, v2)[:, :, : t + 1], out[:, :, : t + 1], what=f"attend outputs at positions 0…{t}",
+                 atol=1e-6, hint=f"changing keys and values after position {t} changed earlier outputs: "
+                                 "a query is attending to the future")
+
+
+# --- MultiHeadAttention -------------------------------------------------------------------------
+
+def test_multi_head_attention_matches_reference():
+    layer, f = _mha()
+    out = layer(f["x"])
+    assert_close(out, f["out"], what="MultiHeadAttention(12, 3) on x (2, 6, 12)",
+                 diagnoses={WRONG_ORDER: f["out_wrong_order"], INTERLEAVED: f["out_interleaved"],
+                            MERGE_WRONG: f["out_merge_wrong"], SCALE_D_MODEL: f["out_scale_d_model"],
+                            NO_SCALE: f["out_no_scale"]},
+                 hint="c_attn → split into q, k, v (blocks of width D) → split_heads → attend → "
+                      "merge_heads → c_proj")
+    assert_float32(out, "MultiHeadAttention output")
+
+
+@given(st.integers(0, 4), st.integers(0, 2**32 - 1))
+def test_multi_head_attention_is_causal(t, seed):
+    layer, f = _mha()
+    x = f["x"]
+    out = layer(x)
+    changed = x.copy()
+    changed[:, t + 1:] = np.random.default_rng(seed).normal(size=changed[:, t + 1:].shape)
+    assert_close(layer(changed)[:, : t + 1], out[:, : t + 1], what=f"MultiHeadAttention outputs at positions 0…{t}",
+                 atol=1e-6, hint=f"changing tokens after position {t} changed earlier outputs: "
+                                 "a position is attending to the future")
+
+
+def test_multi_head_attention_rejects_bad_input():
+    layer, f = _mha()
+    layer(f["x"])
+    with raises_clearly(ValueError, when="MultiHeadAttention(12, 3) on x of width 8", mentions="last dimension"):
+        layer(np.zeros((1, 3, 8), np.float32))
+    with raises_clearly(ValueError, when="MultiHeadAttention on a 2-D x", mentions="dimensions"):
+        layer(np.zeros((3, 12), np.float32))
+    with raises_clearly(ValueError, when="MultiHeadAttention(10, 3): 10 is not divisible by 3", mentions="divisible"):
+        G.MultiHeadAttention(10, 3)
+
+
+# --- TransformerBlock -------------------------------------------------------------------------
+
+def test_block_matches_reference():
+    block, f = _block()
+    out = block(f["x"])
+    assert_close(out, f["out"], what="TransformerBlock(12, 3, 20) on x (2, 6, 12)",
+                 diagnoses={"a post-norm block (LayerNorm after the residual add); GPT-2 is pre-norm: "
+                            "x + attn(ln_1(x)), then x + mlp(ln_2(x))": f["out_post_norm"],
+                            "a block without its residual connections (x + …)": f["out_no_residual"]},
+                 hint="pre-norm: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))")
+    assert_float32(out, "TransformerBlock output")
+
+
+# --- GPTModel -------------------------------------------------------------------------------------
+
+def test_model_logits_match_reference():
+    model, f = _model()
+    logits = model(f["ids"])
+    assert_close(logits, f["logits"], what="GPTModel logits (2 layers, V=40, D=12) for ids (2, 7)",
+                 diagnoses={"a model without the final LayerNorm ln_f": f["logits_no_ln_f"],
+                            "positions 1…T instead of 0…T-1 (positional embedding off by one)": f["logits_pos_off_by_one"],
+                            "a model without positional embeddings": f["logits_no_positions"]},
+                 hint="wte(ids) + wpe(T) → blocks → ln_f → @ wte.weight.T")
+    assert_float32(logits, "GPTModel logits")
+
+
+def test_model_handles_max_seq_len_tokens():
+    model, f = _model()
+    assert_close(model(f["ids_full"]), f["logits_full"], what="GPTModel logits for a sequence of max_seq_len=10 tokens",
+                 hint="if test_model_logits_match_reference passes, look at the last positions: every "
+                      "position 0 … max_seq_len-1 has its own embedding")
+
+
+def test_output_head_is_tied_and_not_transposed():
+    model, f = _model("model_square")
+    assert_close(model(f["ids"]), f["logits"], what="GPTModel logits when vocab_size = d_model = 12",
+                 diagnoses={"logits = x @ wte.weight: the output head is transposed "
+                            "(it must be x @ wte.weight.T, shape (D, V))": f["logits_transposed_head"]},
+                 hint="if test_model_logits_match_reference passes, the head is the suspect: it is tied, "
+                      "logits = ln_f(x) @ wte.weight.T, one score per vocabulary row")
+
+
+def test_parameters_have_gpt2_names():
+    model, f = _model()
+    model(f["ids"])
+    names = set(model.state_dict())
+    expected = set(_params(f))
+    assert names == expected, (
+        f"GPTModel.state_dict() must use GPT-2's names: missing {sorted(expected - names)[:6]}, "
+        f"extra {sorted(names - expected)[:6]}")
+    before = model(f["ids"])
+    model.wte.weight *= 2  # the head is tied: the logits must see the change
+    assert not np.allclose(model(f["ids"]), before), (
+        "changing wte.weight did not change the logits: the output head must reuse wte.weight (tied)")
+
+
+@given(st.integers(0, 5), st.integers(0, 2**32 - 1))
+def test_model_is_causal(t, seed):
+    model, f = _model()
+    ids = f["ids"]
+    logits = model(ids)
+    changed = ids.copy()
+    changed[:, t + 1:] = np.random.default_rng(seed).integers(0, 40, changed[:, t + 1:].shape)
+    assert_close(model(changed)[:, : t + 1], logits[:, : t + 1], what=f"logits at positions 0…{t}", atol=1e-5,
+                 hint=f"changing tokens after position {t} changed earlier logits: information flows "
+                      "from the future")
+
+
+def test_dropout_only_while_training():
+    model, f = _model(dropout=0.3)
+    without_dropout, _ = _model(dropout=0.0)
+    eval_logits = model(f["ids"])
+    assert_close(eval_logits, without_dropout(f["ids"]), what="GPTModel(dropout=0.3) in eval mode vs GPTModel(dropout=0.0)",
+                 hint="dropout is active in eval mode: in eval mode (the default) dropout must be the "
+                      "identity, so the dropout rate cannot change the logits")
+    assert_close(model(f["ids"]), eval_logits, what="two eval-mode calls", atol=0, rtol=0,
+                 hint="in eval mode the model must be deterministic: dropout is active in eval mode")
+    model.train()
+    a, b = model(f["ids"]), model(f["ids"])
+    assert not np.allclose(a, eval_logits) and not np.allclose(a, b), (
+        "GPTModel(dropout=0.3).train() gives the same logits as eval mode: dropout is never applied "
+        "while training (embeddings, attention weights, residual branches)")
+    model.eval()
+    assert_close(model(f["ids"]), eval_logits, what="logits after .eval()",
+                 hint="model.eval() must switch dropout off again in every sub-layer")
+
+
+def test_model_rejects_bad_input():
+    model, f = _model()
+    model(f["ids"])
+    with raises_clearly(ValueError, when="GPTModel on token id 40 with vocab_size=40", mentions="vocabulary"):
+        model(np.array([[1, 40]]))
+    with raises_clearly(ValueError, when="GPTModel on token id -1", mentions="vocabulary"):
+        model(np.array([[-1, 2]]))
+    with raises_clearly(ValueError, when="GPTModel on 11 tokens with max_seq_len=10", mentions="max_seq_len"):
+        model(np.zeros((1, 11), np.int64))
+    with raises_clearly(ValueError, when="GPTModel on 1-D token ids", mentions="dimensions"):
+        model(np.array([1, 2, 3]))
+    with raises_clearly(TypeError, when="GPTModel on float token ids", mentions="integer"):
+        model(np.array([[1.0, 2.0]]))

@@ -1,0 +1,145 @@
+"""Lab 05 · live checks against HuggingFace: checkpoints written by ``save_pretrained`` from
+models whose every parameter was randomised in PyTorch, in several shapes, and one
+GPT-2-small-shaped (124M parameters) checkpoint. HuggingFace runs on CUDA when there is
+one (TF32 off), on the CPU otherwise."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from gptkit.testing import assert_close, lab
+from gptkit.testing.checkpoints import GPT2_SMALL, GPT2Shape
+from gptkit.testing.layout import KIT_ROOT
+from gptkit.testing.torchref import device, to_numpy, torch_or_skip
+
+pytestmark = pytest.mark.torch
+W = lab("gpt2_weights")
+
+SHAPES = {
+    "2 heads": GPT2Shape(vocab_size=101, d_model=16, num_layers=2, num_heads=2, max_seq_len=24),
+    "6 heads, n_inner": GPT2Shape(vocab_size=64, d_model=48, num_layers=3, num_heads=6, max_seq_len=40, d_ff=72),
+    "1 head, eps 1e-3": GPT2Shape(vocab_size=33, d_model=8, num_layers=1, num_heads=1, max_seq_len=16,
+                                  layer_norm_eps=1e-3),
+}
+EXACT_GELU = "GPT-2 computed with the exact (erf) GELU: GPT-2 uses the tanh form (gelu_new)"
+
+
+def _randomised_model(shape, seed):
+    """A GPT2LMHeadModel built by transformers, every parameter then randomised in torch."""
+    torch = torch_or_skip()
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = shape.hf_config()
+    cfg.pop("model_type")
+    model = GPT2LMHeadModel(GPT2Config(**cfg)).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("ln_1.weight") or name.endswith("ln_2.weight") or name.endswith("ln_f.weight"):
+                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=gen))
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+            elif p.dim() == 2 and "wte" in name:
+                p.copy_(0.15 * torch.randn(p.shape, generator=gen))
+            elif p.dim() == 2 and "wpe" in name:
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+            else:  # Conv1D weights (in, out)
+                p.copy_(torch.randn(p.shape, generator=gen) * (2.0 / p.shape[0] ** 0.5))
+    return model
+
+
+def _hf_logits(model, ids):
+    torch = torch_or_skip()
+    with torch.no_grad():
+        return to_numpy(model.to(device())(torch.from_numpy(ids).to(device())).logits)
+
+
+def _hf_greedy(model, prompt, n):
+    torch = torch_or_skip()
+    p = torch.from_numpy(prompt).to(device())
+    with torch.no_grad():
+        out = model.to(device()).generate(p, attention_mask=torch.ones_like(p), max_new_tokens=n,
+                                          do_sample=False, pad_token_id=0)
+    return to_numpy(out)
+
+
+def _exact_gelu_logits(model, ids):
+    from transformers.activations import ACT2FN
+
+    for block in model.transformer.h:
+        block.mlp.act = ACT2FN["gelu"]
+    return _hf_logits(model, ids)
+
+
+def _first_difference(ours, theirs):
+    b, t = (int(i) for i in np.argwhere(ours != theirs)[0])
+    return f"row {b}, position {t}: HuggingFace chose {int(theirs[b, t])}, yours {int(ours[b, t])}"
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_save_pretrained_checkpoint_matches(tmp_path, name):
+    shape = SHAPES[name]
+    hf = _randomised_model(shape, seed=len(name))
+    hf.save_pretrained(tmp_path)
+    model = W.load_gpt2(tmp_path)
+    ids = np.random.default_rng(1).integers(0, shape.vocab_size, (2, shape.max_seq_len))
+    assert_close(model(ids), _hf_logits(hf, ids), what=f"logits vs HuggingFace ({name})", atol=1e-4, rtol=1e-4)
+    prompt = ids[:, :5]
+    ours = W.generate_greedy(model, prompt, 10)
+    theirs = _hf_greedy(hf, prompt, 10)
+    assert np.array_equal(ours, theirs), f"greedy tokens differ from generate() ({name}): {_first_difference(ours, theirs)}"
+
+
+@pytest.fixture(scope="module")
+def gpt2_small_random(tmp_path_factory):
+    """A GPT-2-small-shaped checkpoint (124M parameters), every parameter random."""
+    folder = tmp_path_factory.mktemp("gpt2-small-random")
+    hf = _randomised_model(GPT2_SMALL, seed=124)
+    hf.save_pretrained(folder)
+    return folder, hf
+
+
+def test_gpt2_small_shaped_logits_match_to_1e3(gpt2_small_random):
+    folder, hf = gpt2_small_random
+    model = W.load_gpt2(folder)
+    assert model.num_parameters() == sum(p.numel() for p in hf.transformer.parameters()), (
+        "the loaded model must have exactly GPT-2 small's 124M parameters")
+    ids = np.random.default_rng(2).integers(0, GPT2_SMALL.vocab_size, (2, 64))
+    ours, theirs = model(ids), _hf_logits(hf, ids)
+    if not np.allclose(ours, theirs, atol=1e-3, rtol=0):
+        diagnoses = {EXACT_GELU: _exact_gelu_logits(hf, ids)}
+    else:
+        diagnoses = None
+    assert_close(ours, theirs, what="GPT-2-small-shaped logits vs HuggingFace (max |difference| ≤ 1e-3)",
+                 atol=1e-3, rtol=0, diagnoses=diagnoses)
+
+
+def test_gpt2_small_shaped_greedy_20_tokens(gpt2_small_random):
+    folder, hf = gpt2_small_random
+    model = W.load_gpt2(folder)
+    prompt = np.array([[464, 3290], [50256, 11]])
+    ours, theirs = W.generate_greedy(model, prompt, 20), _hf_greedy(hf, prompt, 20)
+    assert np.array_equal(ours, theirs), f"20 greedy tokens differ from generate(): {_first_difference(ours, theirs)}"
+
+
+def test_loading_needs_about_twice_the_checkpoint(gpt2_small_random):
+    folder, _ = gpt2_small_random
+    size = (folder / "model.safetensors").stat().st_size
+    code = (
+        "import resource, sys, json\n"
+        f"sys.path[:0] = {sys.path!r}\n"
+        "import numpy, gpt2_weights\n"
+        "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        f"model = gpt2_weights.load_gpt2({str(folder)!r})\n"
+        "print(json.dumps([base, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=KIT_ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    base, peak = json.loads(out.stdout.strip().splitlines()[-1])
+    used = (peak - base) * 1024  # ru_maxrss is in KiB on Linux
+    assert used < 2.5 * size, (
+        f"loading a {size / 1e6:.0f} MB checkpoint took {used / 1e6:.0f} MB at peak ({used / size:.1f}× its size): "
+        "read each tensor once and do not keep extra copies of the weights")
