@@ -1,0 +1,128 @@
+"""See your GPT work end to end: load a GPT-2 checkpoint into *your* lab-04 model (with
+your lab-05 reader) and generate greedily.
+
+    uv run python -m gptkit.demo                         # real GPT-2 small, if on this machine
+    uv run python -m gptkit.demo PATH --prompt "The dog" # a checkpoint folder, text in and out
+    uv run python -m gptkit.demo PATH --ids 464,3290     # token ids in and out (no tokenizer needed)
+    uv run python -m gptkit.demo --random --ids 1,2,3    # a small random checkpoint: no download at all
+
+Text needs a GPT-2 tokenizer on this machine (``transformers`` from the torch extra and
+the tokenizer files in the checkpoint folder); otherwise use ``--ids``. ``--impl
+solutions`` runs the reference code instead of yours (instructors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from gptkit.testing.checkpoints import HOW_TO_GET_GPT2, GPT2Shape, find_real_gpt2, random_gpt2_state, write_checkpoint
+from gptkit.testing.layout import lab_dirs, resolve_impl
+
+SMALL_RANDOM = GPT2Shape(vocab_size=512, d_model=64, num_layers=2, num_heads=4, max_seq_len=64)
+
+
+class DemoError(Exception):
+    """A problem the user can fix; printed as one line."""
+
+
+def _use_impl(impl: str) -> None:
+    root = resolve_impl(impl)
+    labs = lab_dirs(root)
+    if not labs:
+        raise DemoError(f"--impl={impl}: no lab folders in {root}")
+    for lab in reversed(labs):
+        sys.path.insert(0, str(lab.code_dir))
+
+
+def _tokenizer(folder: Path):
+    """A GPT-2 tokenizer from the checkpoint folder, or None."""
+    has_files = (folder / "tokenizer.json").is_file() or (folder / "vocab.json").is_file()
+    if not has_files:
+        return None
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        return None
+    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+
+
+def _parse_ids(text: str) -> np.ndarray:
+    try:
+        ids = [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise DemoError(f"--ids must be comma-separated integers, got {text!r}") from None
+    if not ids:
+        raise DemoError("--ids needs at least one token id")
+    return np.array([ids], dtype=np.int64)
+
+
+def run(args) -> int:
+    _use_impl(args.impl)
+    import gpt2_weights  # the student's lab 05 (which builds the student's lab 04 model)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.random:
+            folder = write_checkpoint(Path(tmp) / "random-gpt2", random_gpt2_state(SMALL_RANDOM, np.random.default_rng(0)),
+                                      SMALL_RANDOM)
+            print(f"a random GPT-2 ({SMALL_RANDOM.num_layers} layers, {SMALL_RANDOM.d_model} wide, vocabulary "
+                  f"{SMALL_RANDOM.vocab_size}): its tokens mean nothing, but every lab's code runs")
+        else:
+            folder = Path(args.checkpoint) if args.checkpoint else find_real_gpt2()
+            if folder is None:
+                raise DemoError(HOW_TO_GET_GPT2 + "; or try `--random`")
+        start = time.perf_counter()
+        model = gpt2_weights.load_gpt2(folder)
+        print(f"loaded {'the random checkpoint' if args.random else folder} into your GPTModel in {time.perf_counter() - start:.1f} s "
+              f"({model.num_parameters() / 1e6:.1f}M parameters)")
+        tok = None if args.random else _tokenizer(Path(folder))
+        if args.ids:
+            ids = _parse_ids(args.ids)
+        elif tok is not None:
+            ids = np.array([tok.encode(args.prompt)], dtype=np.int64)
+        else:
+            raise DemoError("no GPT-2 tokenizer here (it needs `uv sync --extra torch` and the tokenizer files "
+                            "in the checkpoint folder): give token ids with --ids, e.g. --ids 464,3290")
+        n = min(args.tokens, model.max_seq_len - ids.shape[1])
+        start = time.perf_counter()
+        out = gpt2_weights.generate_greedy(model, ids, n)
+        seconds = time.perf_counter() - start
+    print(f"prompt ids:    {ids[0].tolist()}")
+    print(f"generated ids: {out[0, ids.shape[1]:].tolist()}")
+    if tok is not None:
+        print(f"text: {tok.decode(out[0].tolist())!r}")
+    print(f"{n} tokens in {seconds:.2f} s ({n / seconds if seconds else 0:.1f} tokens/s, greedy, no KV cache)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gptkit.demo", description=__doc__.split("\n\n")[0])
+    p.add_argument("checkpoint", nargs="?", help="a folder with config.json and model.safetensors "
+                                                 "(default: real GPT-2 small from $GPT2_DIR or the HuggingFace cache)")
+    p.add_argument("--prompt", default="The dog", help="text to continue (needs a tokenizer)")
+    p.add_argument("--ids", help="token ids to continue, e.g. 464,3290 (no tokenizer needed)")
+    p.add_argument("--tokens", type=int, default=20, help="how many tokens to generate (default 20)")
+    p.add_argument("--random", action="store_true", help="use a small random checkpoint instead of real weights")
+    p.add_argument("--impl", default="labs", help="whose code: labs (yours, default), solutions, or a path")
+    args = p.parse_args(argv)
+    try:
+        return run(args)
+    except DemoError as exc:
+        print(f"demo: {exc}", file=sys.stderr)
+        return 2
+    except NotImplementedError as exc:
+        print(f"demo: your code is not finished yet: {exc}. Finish that lab first "
+              f"(its tests: uv run pytest -m lab{str(exc)[4:6]})", file=sys.stderr)
+        return 1
+    except (ValueError, FileNotFoundError, TypeError) as exc:
+        print(f"demo: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
