@@ -35,6 +35,8 @@ RESULT_FILE = "result.json"
 
 @dataclass
 class TestRecord:
+    __test__ = False  # a record of a test, not a test for pytest to collect
+
     nodeid: str
     lab: str
     hidden: bool

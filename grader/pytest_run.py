@@ -15,6 +15,8 @@ from gptkit.testing.layout import KIT_ROOT
 
 @dataclass
 class TestResult:
+    __test__ = False  # a record of a test, not a test for pytest to collect
+
     nodeid: str
     outcome: str  # "passed" | "failed" | "error" | "skipped"
     message: str
