@@ -157,8 +157,9 @@ def hf_model(state: dict[str, np.ndarray], shape: GPT2Shape, device=None):
 GPT2_DIR_ENV = "GPT2_DIR"
 HOW_TO_GET_GPT2 = (
     "real GPT-2 small weights not found: on a machine with internet run "
-    "`uv run --extra torch python -c \"from transformers import GPT2LMHeadModel; "
-    "GPT2LMHeadModel.from_pretrained('gpt2')\"` (fills the HuggingFace cache), "
+    "`uv run --extra torch python -c \"from transformers import AutoTokenizer, GPT2LMHeadModel; "
+    "GPT2LMHeadModel.from_pretrained('gpt2'); AutoTokenizer.from_pretrained('gpt2')\"` "
+    "(fills the HuggingFace cache with the weights and the tokenizer), "
     f"or set {GPT2_DIR_ENV} to a folder holding GPT-2's config.json and model.safetensors"
 )
 
