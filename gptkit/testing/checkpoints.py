@@ -54,7 +54,7 @@ class GPT2Shape:
         return {"model_type": "gpt2", "vocab_size": self.vocab_size, "n_embd": self.d_model,
                 "n_layer": self.num_layers, "n_head": self.num_heads, "n_positions": self.max_seq_len,
                 "n_inner": self.d_ff, "layer_norm_epsilon": self.layer_norm_eps,
-                "activation_function": "gelu_new", "bos_token_id": 0, "eos_token_id": 0,
+                "activation_function": "gelu_new", "bos_token_id": None, "eos_token_id": None,
                 "tie_word_embeddings": True}
 
 

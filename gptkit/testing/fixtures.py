@@ -29,7 +29,7 @@ def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
             info.compress_type = zipfile.ZIP_DEFLATED
             info.external_attr = 0o644 << 16
             data = io.BytesIO()
-            np.lib.format.write_array(data, np.ascontiguousarray(arrays[key]), allow_pickle=False)
+            np.lib.format.write_array(data, np.array(arrays[key], order="C"), allow_pickle=False)  # 0-d stays 0-d
             zf.writestr(info, data.getvalue())
     tmp = path.with_suffix(".npz.tmp")
     tmp.write_bytes(buf.getvalue())

@@ -28,7 +28,9 @@ class Linear(Layer):
         x = as_float_array(x, "x")
         check_last_dim(x, "x", self.d_in)
         ### BEGIN SOLUTION multiply by the (d_in, d_out) weight, add the bias if there is one
-        y = x @ self.weight
+        # One 2-D product, however many leading dimensions: each weight is read once, not
+        # once per batch row (NumPy loops over the leading axes of a 3-D matmul).
+        y = (x.reshape(-1, self.d_in) @ self.weight).reshape(*x.shape[:-1], self.d_out)
         return y if self.bias is None else y + self.bias
         ### END SOLUTION
 
