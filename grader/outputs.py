@@ -90,9 +90,16 @@ def gradescope_json(r: StudentResult) -> dict:
            "stdout_visibility": "hidden"}
     notes = ([f"Could not be graded: {r.error}"] if r.error else []) + r.flags + [
         f for lr in r.labs.values() for f in lr.flags]
-    if notes:
-        out["output"] = "\n".join(notes)
+    out["output"] = "\n".join([*(f"{lab}: {pts(lr.points)} / {pts(lr.max_points)}{_not_run(lr)}"
+                                 for lab, lr in r.labs.items()), *notes])
     return out
+
+
+def _not_run(lr) -> str:
+    """Why a lab did not run at all (its file missing, a policy breach), or ""."""
+    if lr.tests and all(t.outcome == "not run" for t in lr.tests):
+        return f" ({_first_line(lr.tests[0].message, 300)})"
+    return ""
 
 
 def write_student(grader, r: StudentResult) -> None:
