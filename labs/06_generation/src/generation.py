@@ -66,6 +66,16 @@ def _check_eos(eos_token_id, vocab_size: int):
     return eos
 
 
+def _check_prompt(model: GPTModel, token_ids, max_new_tokens) -> np.ndarray:
+    """The prompt (B, T ≥ 1) as checked ids, once ``max_new_tokens`` is known to fit."""
+    check_length(max_new_tokens, "max_new_tokens", minimum=0)
+    token_ids = _check_token_ids(token_ids, model.vocab_size)
+    if token_ids.shape[1] < 1:
+        raise ValueError("token_ids needs at least one token per row to start from")
+    _check_room(model, token_ids.shape[1], max_new_tokens)
+    return token_ids
+
+
 def _check_room(model: GPTModel, prompt_len: int, new_tokens: int) -> None:
     if prompt_len + new_tokens > model.max_seq_len:
         raise ValueError(
@@ -350,11 +360,7 @@ def generate(model: GPTModel, token_ids: np.ndarray, max_new_tokens: int, *, tem
         temperature 0 this is HuggingFace's ``generate(do_sample=False)`` with
         ``pad_token_id=eos_token_id``.
     """
-    check_length(max_new_tokens, "max_new_tokens", minimum=0)
-    token_ids = _check_token_ids(token_ids, model.vocab_size)
-    if token_ids.shape[1] < 1:
-        raise ValueError("token_ids needs at least one token per row to start from")
-    _check_room(model, token_ids.shape[1], max_new_tokens)
+    token_ids = _check_prompt(model, token_ids, max_new_tokens)
     eos = _check_eos(eos_token_id, model.vocab_size)
     temperature = _check_temperature(temperature)
     top_k = None if top_k is None else _check_top_k(top_k)
@@ -398,11 +404,7 @@ def beam_search(model: GPTModel, token_ids: np.ndarray, num_beams: int, max_new_
         shorter rows are filled with eos_token_id after their EOS.
     """
     num_beams = check_length(num_beams, "num_beams")
-    check_length(max_new_tokens, "max_new_tokens", minimum=0)
-    token_ids = _check_token_ids(token_ids, model.vocab_size)
-    if token_ids.shape[1] < 1:
-        raise ValueError("token_ids needs at least one token per row to start from")
-    _check_room(model, token_ids.shape[1], max_new_tokens)
+    token_ids = _check_prompt(model, token_ids, max_new_tokens)
     eos = _check_eos(eos_token_id, model.vocab_size)
     if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float, np.integer, np.floating)):
         raise TypeError(f"length_penalty must be a number, got {type(length_penalty).__name__}")
