@@ -95,7 +95,7 @@ def main():
     out = os.fdopen(plan["results_fd"], "w", buffering=1)
 
     def emit(kind, **fields):
-        out.write(token + " " + json.dumps({"event": kind, **fields}) + "\n")
+        out.write(token + " " + json.dumps({"event": kind, "t": round(time.monotonic(), 3), **fields}) + "\n")
         out.flush()
 
     # Import everything the tests need before any student code exists in this process.

@@ -144,6 +144,9 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
     env = {"PATH": "/usr/bin:/bin", "HOME": str(inside / "work"), "TMPDIR": str(inside / "tmp"),
            "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0", "LANG": "C.UTF-8",
+           # Only the plugins the kit names: autoloading every installed one (anyio's comes
+           # with the torch extra) cost more than a lab's tests.
+           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
            "HYPOTHESIS_STORAGE_DIRECTORY": str(inside / "tmp" / "hypothesis")}
     python = os.path.realpath(sys.executable) if mode == "bwrap" else sys.executable
     cmd = [python, "-I", "-S", "-B", str(inside / "kit" / "_grader_boot.py"), str(inside / "plan.json")]
