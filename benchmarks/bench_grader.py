@@ -9,6 +9,7 @@ a ratio under 1.5). The grader's one-off calibration run is timed separately.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -23,16 +24,18 @@ sys.path.insert(0, str(ROOT))
 from grader.grade import Grader  # noqa: E402
 from grader.sandbox.runner import Limits  # noqa: E402
 
-LABS = ["01", "02", "03"]
 ALICE = ROOT / "examples" / "submissions" / "alice"
+LABS = sorted(d.name[:2] for d in (ALICE / "labs").iterdir() if (d / "src").is_dir())  # every lab she did
 
 
 def bare(sub: Path) -> None:
     tests = [str(ROOT / "tests" / d.name) for d in sorted((ROOT / "tests").iterdir()) if d.name[:2] in LABS]
     tests += [str(ROOT / "tests" / "hidden" / d.name) for d in sorted((ROOT / "tests" / "hidden").iterdir())
               if d.name[:2] in LABS]
+    # One BLAS thread per run, as in the grader's sandbox: two runs share the two cores.
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--impl={sub / 'labs'}",
-                    "-m", "not torch", *tests], cwd=ROOT, check=True, capture_output=True)
+                    "-m", "not torch", *tests], cwd=ROOT, check=True, capture_output=True, env=env)
 
 
 def main() -> None:

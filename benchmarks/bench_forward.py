@@ -1,0 +1,62 @@
+"""Forward pass: the reference NumPy GPT (lab 04) against HuggingFace GPT2LMHeadModel on
+PyTorch's CPU path, same random GPT-2-small-shaped weights, same thread count.
+
+    uv run --extra torch python benchmarks/bench_forward.py [--threads N] [--repeats R]
+
+For T = 256 and T = 1024 (batch 1) it prints both times, their ratio (NumPy ÷ PyTorch:
+below 1 means NumPy is faster) and the achieved GFLOP/s of each, beside the GFLOP/s of a
+plain float32 matrix product (1024 × 768 by 768 × 3072) measured in the same run. FLOPs
+count the multiply-adds of every matrix product, attention's causal half included
+(T·(T+1)/2 query-key pairs), as 2 per multiply-add.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402  (sets the BLAS threads before NumPy loads)
+
+THREADS = common.set_threads(sys.argv)
+
+import numpy as np  # noqa: E402
+
+
+def flops(T: int, D: int = 768, L: int = 12, V: int = 50257) -> float:
+    per_layer = 2 * T * 12 * D * D + 2 * 2 * (T * (T + 1) / 2) * D  # projections + causal attention
+    return L * per_layer + 2 * T * D * V  # + the tied output head
+
+
+def matmul_gflops(repeats: int) -> float:
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((1024, 768), dtype=np.float32)
+    b = rng.standard_normal((768, 3072), dtype=np.float32)
+    return 2 * 1024 * 768 * 3072 / common.best_of(lambda: a @ b, repeats * 5) / 1e9
+
+
+def main() -> None:
+    import torch
+
+    repeats = int(sys.argv[sys.argv.index("--repeats") + 1]) if "--repeats" in sys.argv else 3
+    ours, theirs, n_params = common.gpt2_small_pair(THREADS)
+    print(f"machine: {common.machine()}; {THREADS} thread(s) for NumPy's BLAS and for PyTorch "
+          f"(torch {torch.__version__}, numpy {np.__version__}); {n_params / 1e6:.1f}M parameters")
+    peak = matmul_gflops(repeats)
+    print(f"plain float32 matmul (1024×768 @ 768×3072): {peak:.1f} GFLOP/s")
+    print(f"{'T':>6} {'numpy s':>9} {'torch s':>9} {'ratio':>7} {'numpy GFLOP/s':>14} {'torch GFLOP/s':>14} "
+          f"{'max |Δ logits|':>15}")
+    for T in (256, 1024):
+        ids = np.random.default_rng(T).integers(0, 50257, (1, T))
+        t_ids = torch.from_numpy(ids)
+        with torch.inference_mode():
+            t_np = common.best_of(lambda: ours(ids), repeats)
+            t_pt = common.best_of(lambda: theirs(t_ids), repeats)
+            diff = float(np.abs(ours(ids) - theirs(t_ids).logits.numpy()).max())
+        f = flops(T)
+        print(f"{T:>6} {t_np:>9.3f} {t_pt:>9.3f} {t_np / t_pt:>7.2f} {f / t_np / 1e9:>14.1f} "
+              f"{f / t_pt / 1e9:>14.1f} {diff:>15.2e}")
+
+
+if __name__ == "__main__":
+    main()
