@@ -6,6 +6,7 @@ one (TF32 off), on the CPU otherwise."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -127,19 +128,29 @@ def test_gpt2_small_shaped_greedy_20_tokens(gpt2_small_random):
 
 def test_loading_needs_about_twice_the_checkpoint(gpt2_small_random):
     folder, _ = gpt2_small_random
+    if not Path("/proc/self/clear_refs").exists():
+        pytest.skip("peak memory is read from Linux's /proc/self (VmHWM), which this system lacks")
     size = (folder / "model.safetensors").stat().st_size
+    # A fresh process, whose peak-RSS mark is reset once its imports are done: a child
+    # started from this test would otherwise inherit this process's (larger) peak.
     code = (
-        "import resource, sys, json\n"
+        "import json, sys\n"
         f"sys.path[:0] = {sys.path!r}\n"
         "import numpy, gpt2_weights\n"
-        "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "def kib(key):\n"
+        "    with open('/proc/self/status') as fh:\n"
+        "        return int(next(line for line in fh if line.startswith(key)).split()[1])\n"
+        "with open('/proc/self/clear_refs', 'w') as fh:\n"
+        "    fh.write('5')\n"
+        "base = kib('VmRSS:')\n"
         f"model = gpt2_weights.load_gpt2({str(folder)!r})\n"
-        "print(json.dumps([base, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]))\n"
+        "print(json.dumps([base, kib('VmHWM:')]))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=KIT_ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     base, peak = json.loads(out.stdout.strip().splitlines()[-1])
-    used = (peak - base) * 1024  # ru_maxrss is in KiB on Linux
-    assert used < 2.5 * size, (
+    used = (peak - base) * 1024
+    assert used > 0.9 * size, f"the measurement is broken: loading a {size / 1e6:.0f} MB checkpoint seemed to take {used / 1e6:.0f} MB"
+    assert used < 2.3 * size, (
         f"loading a {size / 1e6:.0f} MB checkpoint took {used / 1e6:.0f} MB at peak ({used / size:.1f}× its size): "
         "read each tensor once and do not keep extra copies of the weights")
