@@ -281,6 +281,9 @@ class Grader:
                 res.flags.append(f"policy ({lab}): " + "; ".join(violations[:5]))
             else:
                 runnable.append(lab)
+        absent = [lab for lab, why in not_run.items() if why.startswith("missing")]
+        if absent:
+            res.flags.append("missing lab files: " + ", ".join(absent))
         raw = self._run_submission(sub, slot, runnable)
         if raw.killed:
             res.flags.append(raw.killed)

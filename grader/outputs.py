@@ -95,11 +95,13 @@ def gradescope_json(r: StudentResult) -> dict:
     return out
 
 
+def _never_ran(lr) -> bool:
+    return bool(lr.tests) and all(t.outcome == "not run" for t in lr.tests)
+
+
 def _not_run(lr) -> str:
     """Why a lab did not run at all (its file missing, a policy breach), or ""."""
-    if lr.tests and all(t.outcome == "not run" for t in lr.tests):
-        return f" ({_first_line(lr.tests[0].message, 300)})"
-    return ""
+    return f" ({_first_line(lr.tests[0].message, 300)})" if _never_ran(lr) else ""
 
 
 def write_student(grader, r: StudentResult) -> None:
@@ -125,7 +127,7 @@ def gradebook_csv(labs: list[str], results: list[StudentResult]) -> str:
 
 _FLOAT = re.compile(r"-?\d+\.\d+(?:e[-+]?\d+)?|-?\d+e[-+]?\d+")
 _DIFFER = re.compile(r"^(?P<what>.*?): \d+ of \d+ (?:elements|values) ")
-_MATCHES = re.compile(r"Your result matches ([^.]+)")
+_MATCHES = re.compile(r"Your result matches (.+?)(?:\.\s|\.?$)", re.S)  # up to the sentence's end
 
 
 def failure_kind(message: str) -> str:
@@ -145,10 +147,11 @@ def class_stats(labs: list[str], results: list[StudentResult]) -> dict:
     stats = {"students": len(results), "graded": len(graded), "labs": {}}
     for lab in labs:
         tests: dict[str, dict] = {}
-        for r in graded:
-            lr = r.labs.get(lab)
-            if not lr:
-                continue
+        # A lab that did not run (its file missing, a policy breach) says nothing about the
+        # concepts: pass rates and failure kinds count only the students whose lab ran.
+        ran = [r for r in graded if lab in r.labs and not _never_ran(r.labs[lab])]
+        for r in ran:
+            lr = r.labs[lab]
             for t in lr.tests:
                 s = tests.setdefault(t.nodeid, {"passed": 0, "total": 0, "hidden": t.hidden, "failures": Counter()})
                 s["total"] += 1
@@ -159,11 +162,12 @@ def class_stats(labs: list[str], results: list[StudentResult]) -> dict:
         lab_points = [r.labs[lab].points / r.labs[lab].max_points for r in graded
                       if lab in r.labs and r.labs[lab].max_points]
         lab_fail = Counter()  # how many students hit each kind of failure
-        for r in graded:
-            if lab in r.labs:
-                lab_fail.update({failure_kind(t.message) or t.outcome
-                                 for t in r.labs[lab].tests if t.outcome != "passed" and not t.hidden})
+        for r in ran:
+            lab_fail.update({failure_kind(t.message) or t.outcome
+                             for t in r.labs[lab].tests if t.outcome != "passed" and not t.hidden})
         stats["labs"][lab] = {
+            "ran": len(ran),
+            "not_run": sum(1 for r in graded if lab in r.labs) - len(ran),
             "mean_fraction": sum(lab_points) / len(lab_points) if lab_points else 0.0,
             "full_marks": sum(1 for x in lab_points if x >= 0.9999),
             "common_failures": lab_fail.most_common(5),
@@ -188,7 +192,8 @@ def summary_table(labs: list[str], results: list[StudentResult], stats: dict) ->
         s = stats["labs"][lab]
         hardest = sorted(s["tests"].items(), key=lambda kv: kv[1]["pass_rate"])[:3]
         parts = [f"{('hidden' if v['hidden'] else _short(k).split('::')[-1])} {100 * v['pass_rate']:.0f}%" for k, v in hardest]
-        lines.append(f"{lab}: hardest tests: {', '.join(parts)}")
+        ran = f"ran for {s['ran']} of {s['ran'] + s['not_run']}"
+        lines.append(f"{lab} ({ran}): hardest tests: {', '.join(parts)}" if parts else f"{lab} ({ran})")
         if s["common_failures"]:
             msg, n = s["common_failures"][0]
             lines.append(f"    most common failure ({n} student{'s' if n != 1 else ''}): {msg}")
@@ -224,7 +229,8 @@ def report_html(labs: list[str], results: list[StudentResult], stats: dict) -> s
             rows.append(f'<tr><td><code>{e(name)}</code></td><td class="num"><div class="bar" '
                         f'style="width:{pct:.0f}px"></div> {pct:.0f}%</td><td>{fails}</td></tr>')
         sections.append(f"<h2>{e(lab)}</h2><p>mean {100 * s['mean_fraction']:.0f}% · {s['full_marks']} of "
-                        f"{stats['graded']} with full marks</p><table><tr><th>test</th><th>pass rate</th>"
+                        f"{stats['graded']} with full marks · ran for {s['ran']} (pass rates below are theirs), "
+                        f"not run for {s['not_run']} (file missing or refused)</p><table><tr><th>test</th><th>pass rate</th>"
                         f"<th>most common failures</th></tr>{''.join(rows)}</table>")
     students = "".join(
         f"<tr><td>{e(r.student)}</td>{''.join(f'<td class=num>{pts(r.labs[lab].points)}</td>' if lab in r.labs else '<td></td>' for lab in labs)}"
