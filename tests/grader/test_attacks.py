@@ -146,7 +146,7 @@ def test_sandbox_blocks_reading_the_kit_and_host(lax_grader, make_submission):
     sub = make_submission(edits={CM: [(IMPORT_LINE, IMPORT_LINE + code)]})
     r = lax_grader.grade("s", sub)
     text = all_flags_text(r)
-    assert "blocked" in text or r.isolation == "bwrap", text
+    assert "blocked" in text and "test_causal_mask.py" in text, text  # the audit hook, whatever the isolation
     # honest code otherwise: it still earns its points
     assert r.labs[L1].points == lax_grader.rubric[L1].points
 
