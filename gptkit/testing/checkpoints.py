@@ -20,14 +20,6 @@ import numpy as np
 # safetensors dtype names of the arrays this writer can store
 _ST_DTYPES = {np.dtype("<f4"): "F32", np.dtype("<f2"): "F16", np.dtype("<i8"): "I64"}
 
-BLOCK_PARAMETERS = (
-    "ln_1.weight", "ln_1.bias",
-    "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
-    "ln_2.weight", "ln_2.bias",
-    "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias",
-)
-
-
 @dataclass(frozen=True)
 class GPT2Shape:
     """A GPT-2's sizes, under GPTModel's argument names."""

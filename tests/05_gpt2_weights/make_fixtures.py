@@ -52,7 +52,7 @@ def _diagnoses(state, shape, ids):
             "logits_c_proj_transposed": _logits(hf_model(transposed, shape), ids)}
 
 
-def _case(name, shape, state, files, rng):
+def _case(shape, state, files, rng):
     import torch
 
     model = hf_model(state, shape)
@@ -97,13 +97,13 @@ def build() -> dict[str, dict[str, np.ndarray]]:
 
     shape = SHAPES["hf_layout"]
     state = random_gpt2_state(shape, rng)
-    cases["hf_layout"] = _case("hf_layout", shape, state, _saved_by_transformers(state, shape), rng)
+    cases["hf_layout"] = _case(shape, state, _saved_by_transformers(state, shape), rng)
 
     shape = SHAPES["hub_layout"]
     state = random_gpt2_state(shape, rng)
     files = {"model.safetensors": safetensors_bytes(hub_layout(state, shape), {"format": "pt"}),
              "config.json": _hub_config(shape)}
-    cases["hub_layout"] = _case("hub_layout", shape, state, files, rng)
+    cases["hub_layout"] = _case(shape, state, files, rng)
 
     shape = SHAPES["half"]
     state = random_gpt2_state(shape, rng)
@@ -115,5 +115,5 @@ def build() -> dict[str, dict[str, np.ndarray]]:
     files = {"model.safetensors": safetensors_bytes({"transformer." + k: v for k, v in stored.items()},
                                                     {"format": "pt"}, bf16=tuple("transformer." + b for b in biases)),
              "config.json": _hub_config(shape)}
-    cases["half"] = _case("half", shape, as_read, files, rng)
+    cases["half"] = _case(shape, as_read, files, rng)
     return cases
