@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gptkit.testing import assert_close, assert_float32, explains_errors, lab, load_fixture, raises_clearly
+from gptkit.testing import (assert_close, assert_float32, explains_errors, lab, load_fixture, raises_clearly,
+                            same_object, shares_memory)
 from gptkit.testing.checkpoints import set_parameters
 
 S = lab("generation")
@@ -606,7 +607,7 @@ def test_cache_stores_keys_and_values_in_its_buffers():
     buffers = [*cache.keys, *cache.values]
     n = int(f["chunks"][0])
     S.forward_with_cache(model, f["ids"][:, :n], cache)
-    assert all(a is b for a, b in zip(buffers, [*cache.keys, *cache.values])), (
+    assert all(same_object(a, b) for a, b in zip(buffers, [*cache.keys, *cache.values])), (
         "forward_with_cache replaced the cache's buffers: they are allocated once (B, H, max_seq_len, d_head) "
         "and written in place")
     assert_close(cache.keys[0][:, :, :n], f["keys0"], what=f"cache.keys[0][:, :, :{n}] after a prompt of {n} tokens",
@@ -631,7 +632,7 @@ def test_update_writes_at_length_and_returns_views():
     assert_close(keys, np.concatenate([k1, k2], axis=2), what="keys returned after storing 2 more at length=3",
                  atol=0, rtol=0, hint="the new keys go at positions length … length+T-1, after the cached ones")
     assert_close(values, np.concatenate([v1, v2], axis=2), what="values returned after storing 2 more", atol=0, rtol=0)
-    assert np.shares_memory(keys, cache.keys[1]) and np.shares_memory(values, cache.values[1]), (
+    assert shares_memory(keys, cache.keys[1]) and shares_memory(values, cache.values[1]), (
         "KVCache.update must return views of its buffers (slices), not copies")
     assert not cache.keys[0].any(), "KVCache.update(1, …) must only write block 1's buffers"
 
