@@ -16,8 +16,9 @@ and every name its own file binds. Anything else is reported with the line it is
 Beyond that: no assignment into a module (monkeypatching), no module passed around as a
 value (``f = np``, ``def g(m=np)``: every use of a module is a visible ``np.x`` chain), no
 rebinding of an imported module's name, no special methods beyond
-``ALLOWED_DUNDER_DEFS`` (objects that fake comparisons or conversions), no module- or
-class-level name that shadows a builtin lab code may not use (``open = open``).
+``ALLOWED_DUNDER_DEFS`` (objects that fake comparisons or conversions), no special names
+bound by assignment (``__eq__ = …``), and no use of a module- or class-level name that
+shadows a builtin lab code may not use (``open = open``: until it runs, it is the builtin).
 
 How far names are tracked: scopes are followed as Python does (module, class, function,
 lambda, comprehension; ``global``/``nonlocal``), so ``def f(input): …`` is fine and
@@ -174,9 +175,18 @@ OBJECT_DENIED_ATTRS = _names("""
     co_code co_consts co_names
 """)
 
-WHAT_LABS_MAY_USE = ("lab code may use NumPy's numerical API, np.random's Generator, np.linalg, math, "
-                     "the kit's gptkit helpers, earlier labs' functions and classes, and a few "
-                     "typing/dataclasses names; the full list is in grader/policy.py")
+WHAT_LABS_MAY_USE = ("lab code may use NumPy's numerical API, math, the kit's gptkit helpers, earlier "
+                     "labs' functions and classes and a few typing names; the list is in grader/policy.py")
+# Why some often-tried names are off the list, said in the violation instead of the above.
+HINTS = {
+    **dict.fromkeys(("load", "save", "savez", "savez_compressed", "loadtxt", "savetxt", "genfromtxt",
+                     "fromfile", "memmap", "fromregex", "DataSource"), "lab code does not read or write files"),
+    **dict.fromkeys(("seed", "rand", "randn", "randint", "random", "normal", "uniform", "choice",
+                     "permutation", "shuffle", "RandomState", "get_state", "set_state"),
+                    "draw random numbers from a Generator: rng = np.random.default_rng(seed), or gptkit's make_rng"),
+    **dict.fromkeys(("seterr", "set_printoptions", "printoptions", "setbufsize"),
+                    "it changes NumPy's global settings for the whole test run; np.errstate is fine"),
+}
 
 _BUILTIN_NAMES = frozenset(dir(builtins))
 
@@ -212,7 +222,7 @@ def lab_api(module: str, root: Path = KIT_ROOT) -> frozenset[str] | None:
 
 class _Scope:
     def __init__(self, kind: str, parent: _Scope | None):
-        self.kind = kind  # "module", "class" or "function" (lambdas, comprehensions too)
+        self.kind = kind  # "module", "class", "function" (lambdas too) or "comprehension"
         self.parent = parent
         self.bound: set[str] = set()
         self.declared_global: set[str] = set()
@@ -324,7 +334,7 @@ class _Checker:
         elif isinstance(node, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
             gens = node.generators
             self.walk(gens[0].iter, scope)  # evaluated in the enclosing scope
-            inner = _Scope("function", scope)
+            inner = _Scope("comprehension", scope)
             self.scopes.append(inner)
             for i, g in enumerate(gens):
                 self.parent[g] = node
@@ -337,6 +347,15 @@ class _Checker:
                     self.walk(cond, inner)
             for part in ([node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]):
                 self.walk(part, inner)
+        elif isinstance(node, ast.NamedExpr):
+            # ``(x := …)`` in a comprehension binds x in the scope around the comprehension.
+            home = scope
+            while home.kind == "comprehension":
+                home = home.parent
+            self.walk(node.value, scope)
+            self.parent[node.target] = node
+            self.bind(home, node.target.id, node.lineno)
+            self.loads.append((node.target, scope))  # it is read there too, as the expression's value
         elif isinstance(node, ast.Global):
             scope.declared_global.update(node.names)
         elif isinstance(node, ast.Nonlocal):
@@ -409,8 +428,9 @@ class _Checker:
                     continue
                 self.bind(scope, local, node.lineno)
             else:
+                why = HINTS.get(alias.name) if mod.startswith("numpy") else None
                 self.flag(node, f"imports `{alias.name}` from {mod}, which lab code may not use"
-                                f"{self.suggest(mod, alias.name)} ({WHAT_LABS_MAY_USE})")
+                                f"{self.suggest(mod, alias.name)} ({why or WHAT_LABS_MAY_USE})")
                 self.bind(scope, local, node.lineno, module="<refused>" if self.is_module(full) else None)
 
     # -- pass 2: judging names and attribute chains --------------------------------------
@@ -436,7 +456,7 @@ class _Checker:
         return None
 
     def suggest(self, module: str, attr: str) -> str:
-        close = difflib.get_close_matches(attr, sorted(self.tables.get(module, ())), n=1)
+        close = difflib.get_close_matches(attr, sorted(self.tables.get(module, ())), n=1, cutoff=0.8)
         return f" (did you mean `{close[0]}`?)" if close else ""
 
     def shadows_denied_builtin(self, name: str) -> bool:
@@ -446,7 +466,7 @@ class _Checker:
         for node, scope in self.loads:
             where = self.resolve(node.id, scope)
             up = self.parent.get(node)
-            if where is not None and where.kind != "function" and self.shadows_denied_builtin(node.id):
+            if where is not None and where.kind in ("module", "class") and self.shadows_denied_builtin(node.id):
                 # ``open = open``: until the file's own binding runs, the name is the builtin.
                 self.flag(node, f"uses `{node.id}`, which this file binds "
                                 f"{'at module level' if where.kind == 'module' else 'in a class body'}: "
@@ -498,8 +518,9 @@ class _Checker:
                     if self.allowed_on_module(module, a.attr):
                         module, start = None, i + 1
                         break
+                    why = HINTS.get(a.attr) if module.startswith("numpy") else None
                     self.flag(a, f"uses `{shown}`, which lab code may not touch"
-                                 f"{self.suggest(module, a.attr)} ({WHAT_LABS_MAY_USE})")
+                                 f"{self.suggest(module, a.attr)} ({why or WHAT_LABS_MAY_USE})")
                     module, start = None, len(attrs)
                     break
                 if module is not None:
