@@ -329,7 +329,9 @@ class Grader:
                 lr.flags.append(f"output limit: the lab printed more than {self.limits.max_file_mb} MB")
             elif printed > 1024 * 1024:
                 lr.flags.append(f"the lab printed {printed / 1e6:.1f} MB")
-            clean = end is not None and end.exit in (0, 1) and not end.signal and not duplicated and not crash
+            # pytest exits 0 or 1 when it ran everything; 2 when the plugin stopped the lab itself.
+            clean = (end is not None and not end.signal and not duplicated and not crash
+                     and (end.exit in (0, 1) or (end.exit == 2 and stopped is not None)))
             why_none = ""
             if lab in not_run:
                 why_none = not_run[lab]

@@ -52,7 +52,7 @@ ERRORS = {cls.__name__: cls for cls in (
     MemoryError, ImportError, ModuleNotFoundError, OSError, FileNotFoundError, IsADirectoryError,
     NotADirectoryError, PermissionError, EOFError, StopIteration, UnicodeError, Exception)}
 
-MAX_RESTARTS = 25  # after this many deaths of the lab process in one lab, stop starting it again
+MAX_RESTARTS = 5  # after this many deaths of the lab process in one lab, stop starting it again
 _active: "Remote | None" = None
 
 

@@ -329,6 +329,7 @@ def main():
     sys.path[:0] = config["sys_path"]
     os.umask(0o022)
     import numpy as np
+    import numpy.random  # noqa: F401 - now, before lab code can change what importing it finds
 
     from gptkit.testing import wire
 
