@@ -84,12 +84,14 @@ def bugged(lab: str, bug_id: str, module: str) -> ModuleType:
     return import_with_bug(found[0], module)
 
 
-def _differs(expected, wrong) -> bool:
+def differs(expected, wrong, tol: float = 1e-4) -> bool:
+    """Can a test tell ``wrong`` from ``expected``? Floats must differ beyond ``tol``
+    (absolute and relative: beyond the tests' own tolerances), anything else at all."""
     expected, wrong = np.asarray(expected), np.asarray(wrong)
     if expected.shape != wrong.shape:
         return True
-    if expected.dtype.kind in "fc" or wrong.dtype.kind in "fc":  # well beyond the tests' own tolerances
-        return not np.allclose(expected, wrong, rtol=1e-4, atol=1e-4, equal_nan=True)
+    if expected.dtype.kind in "fc" or wrong.dtype.kind in "fc":
+        return not np.allclose(expected, wrong, rtol=tol, atol=tol, equal_nan=True)
     return not np.array_equal(expected, wrong)
 
 
@@ -106,7 +108,7 @@ def diagnoses(lab: str, case: str, expected: dict, outputs: Callable[[ModuleType
         if case not in bug.diagnose:
             continue
         got = outputs(bugged(lab, bug.id, module))
-        changed = {name: np.asarray(value) for name, value in got.items() if _differs(expected[name], value)}
+        changed = {name: np.asarray(value) for name, value in got.items() if differs(expected[name], value)}
         if not changed:
             raise CatalogueError(f"{bug.name}: on the fixture case {case!r} it gives the right answer "
                                  f"({', '.join(got)}): change the case or drop {case!r} from its diagnose")
