@@ -106,7 +106,9 @@ class Encoder:
             return {"$sl": [self(value.start, depth + 1), self(value.stop, depth + 1), self(value.step, depth + 1)]}
         if value is Ellipsis:
             return {"$E": 0}
-        if t is np.dtype or (t.__module__ == "numpy" and isinstance(value, np.dtype)):
+        if isinstance(value, np.dtype) and t.__module__.startswith("numpy"):
+            if value.str not in DTYPES:
+                raise WireError(f"the dtype {value} (only numeric dtypes are plain data)")
             return {"$dt": value.str}
         if t is type and issubclass(value, np.generic) and value.__module__ == "numpy" \
                 and value.__name__ in SCALAR_TYPES:
