@@ -181,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--force", action="store_true", help="regrade students who already have a current result")
     s.add_argument("--timeout", type=float, default=600, help="wall-clock seconds per submission (default 600)")
     s.add_argument("--lab-timeout", type=float, default=120, help="wall-clock seconds per lab (default 120)")
-    s.add_argument("--test-timeout", type=float, default=10, help="seconds per test (default 10)")
+    s.add_argument("--test-timeout", type=float, default=10, help="CPU seconds of lab code per test, as the kernel counts them: the same verdict on an idle or a busy machine (default 10)")
     s.add_argument("--memory", type=int, default=2048, help="address-space limit in MB (default 2048)")
     s.set_defaults(func=cmd_grade)
 

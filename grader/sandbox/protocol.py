@@ -42,26 +42,25 @@ class TestResult:
 
 
 @dataclass(frozen=True)
-class Blocked:
+class _LabNote:
+    lab: str
+    what: str
+
+
+@dataclass(frozen=True)
+class Blocked(_LabNote):
     """Something lab code tried and the sandbox refused (as the lab process reported it:
     a flag for the instructor, never a score)."""
 
-    lab: str
-    what: str
-
 
 @dataclass(frozen=True)
-class LabStopped:
+class LabStopped(_LabNote):
     """The test process stopped the lab early, by its own rule (e.g. too many timeouts)."""
 
-    lab: str
-    what: str
-
 
 @dataclass(frozen=True)
-class LabCrash:
-    lab: str
-    what: str
+class LabCrash(_LabNote):
+    """The test process itself failed (not a test: the machinery)."""
 
 
 @dataclass(frozen=True)

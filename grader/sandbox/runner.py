@@ -1,12 +1,20 @@
-"""Host side of the sandbox: start the boot script with limits, read what it reports.
+"""Host side of the sandbox: start the test process with limits, start lab processes
+when it asks, read what it reports.
+
+Per submission, two kinds of process, each in its own sandbox:
+- the test process (``boot.py``): the kit's tests, the results pipe; never lab code;
+- lab processes (``labserver.py``): one fresh interpreter per lab (and again if it dies),
+  holding the submission's code and one end of a socket whose other end goes to the
+  test process over the control socket.
 
 Isolation, strongest first:
-- bubblewrap (``bwrap``) when installed: a private mount namespace in which only the
-  scratch folder (read-write) and the Python installation (read-only) exist, no network,
-  its own PID namespace; as root, the code also drops to an unprivileged uid per job slot;
+- bubblewrap (``bwrap``) when installed: private mount namespaces (the lab process sees
+  only its lab tree, ``gptkit``, the shared scratch ``tmp/`` and the Python
+  installation; the test process does not see the submission), no network, own PID and
+  IPC namespaces; as root, each kind of process drops to its own unprivileged uid;
 - always: resource limits (address space, CPU seconds, processes, file size, open
-  files), a wall-clock limit with the whole process group killed, an output cap, and the
-  audit hook of ``boot.py`` (files outside the scratch folder, processes, sockets).
+  files), wall-clock limits with the whole process group killed, an output cap, and
+  the audit hook of ``labserver.py``.
 """
 
 from __future__ import annotations
