@@ -43,10 +43,9 @@ def machine() -> str:
 def use_reference_solutions() -> None:
     """Make the reference labs importable by module name (``import gpt``)."""
     sys.path.insert(0, str(ROOT))
-    from gptkit.testing.layout import lab_dirs
+    from gptkit.testing.layout import bind_tree
 
-    for lab in reversed(lab_dirs(ROOT / "solutions")):
-        sys.path.insert(0, str(lab.code_dir))
+    bind_tree(ROOT / "solutions")
 
 
 def gpt2_small_pair(threads: int, seed: int = 0):

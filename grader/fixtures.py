@@ -13,12 +13,11 @@ command twice changes nothing.
 from __future__ import annotations
 
 import importlib.util
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gptkit.testing.fixtures import write_npz
-from gptkit.testing.layout import KIT_ROOT, LAB_DIR_RE, lab_dirs
+from gptkit.testing.layout import KIT_ROOT, LAB_DIR_RE, bind_tree
 
 
 @dataclass
@@ -35,9 +34,7 @@ def recipes(tests_dir: Path = KIT_ROOT / "tests") -> list[Path]:
 
 
 def use_solutions(solutions: Path) -> None:
-    for lab in reversed(lab_dirs(solutions)):
-        if str(lab.code_dir) not in sys.path:
-            sys.path.insert(0, str(lab.code_dir))
+    bind_tree(solutions)
 
 
 def load_recipe(path: Path):
