@@ -56,7 +56,7 @@ def gpt2_small_pair(threads: int, seed: int = 0):
 
     use_reference_solutions()
     import gpt
-    from gptkit.testing.checkpoints import GPT2_SMALL, hf_model, random_gpt2_state
+    from gptkit.checkpoints import GPT2_SMALL, hf_model, random_gpt2_state
 
     torch.set_num_threads(threads)
     state = random_gpt2_state(GPT2_SMALL, np.random.default_rng(seed))

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gptkit.testing.checkpoints import HOW_TO_GET_GPT2, GPT2Shape, find_real_gpt2, random_gpt2_state, write_checkpoint
+from gptkit.checkpoints import HOW_TO_GET_GPT2, GPT2Shape, find_real_gpt2, random_gpt2_state, write_checkpoint
 from gptkit.testing.layout import bind_tree, resolve_impl
 
 SMALL_RANDOM = GPT2Shape(vocab_size=512, d_model=64, num_layers=2, num_heads=4, max_seq_len=64)

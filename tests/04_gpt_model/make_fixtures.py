@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from gptkit.testing.checkpoints import GPT2Shape, random_gpt2_state
+from gptkit.checkpoints import GPT2Shape, random_gpt2_state
 
 NEEDS_TORCH = False
 

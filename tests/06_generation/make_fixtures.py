@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gptkit.testing.checkpoints import GPT2Shape, hf_model, random_gpt2_state
+from gptkit.checkpoints import GPT2Shape, hf_model, random_gpt2_state
 
 NEEDS_TORCH = True
 

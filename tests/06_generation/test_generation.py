@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gptkit.testing import assert_close, assert_float32, explains_errors, lab, load_fixture, raises_clearly
-from gptkit.testing.checkpoints import set_parameters
+from gptkit.testing.parameters import set_parameters
 
 S = lab("generation")
 G = lab("gpt")
