@@ -58,6 +58,12 @@ def lab_of(path) -> str | None:
     return None
 
 
+def selected(lab: str, labs: list[str] | None) -> bool:
+    """Whether the lab ``"01_causal_mask"`` is among ``labs`` (numbers ``"01"`` or full
+    names, as ``--labs`` gives them); every lab is when ``labs`` is empty or None."""
+    return not labs or lab in labs or lab[:2] in labs
+
+
 def bind_tree(root: Path) -> list[LabDir]:
     """Make an implementation tree's lab modules importable by name (``import gpt``): every
     lab folder goes to the front of ``sys.path``, in lab order, since later labs import

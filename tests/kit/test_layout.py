@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gptkit.testing.layout import KIT_ROOT, bind_tree, lab_dirs, lab_of
+from gptkit.testing.layout import KIT_ROOT, bind_tree, lab_dirs, lab_of, selected
 
 SOLUTION_LABS = lab_dirs(KIT_ROOT / "solutions")
 
@@ -63,3 +63,9 @@ def test_bind_tree_puts_every_lab_first_in_lab_order(tmp_path, monkeypatch):
     assert sys.path == [str(tmp_path / "01_a" / "src"), str(tmp_path / "02_b" / "src"), "elsewhere"]
     with pytest.raises(ValueError, match="no lab folders"):
         bind_tree(tmp_path / "01_a")
+
+
+def test_lab_selection_by_number_or_name():
+    assert selected("03_layernorm_ffn", None) and selected("03_layernorm_ffn", [])
+    assert selected("03_layernorm_ffn", ["01", "03"]) and selected("03_layernorm_ffn", ["03_layernorm_ffn"])
+    assert not selected("03_layernorm_ffn", ["01", "02_embeddings"])
