@@ -19,7 +19,15 @@ on the GPT-2-small-shaped model): its check runs those tests too; every other bu
 be caught by the stored-fixture tests alone, as a student without torch runs them.
 
 An edit's ``file`` (default: the bug's) is a module of this lab, or ``NN_name/module.py``
-for an earlier lab's module that this lab's tests reach (only this lab's tests run).
+for an earlier lab's module that this lab's tests reach (only this lab's tests run). An
+edit must change code: a ``find`` that lies only in a comment or a docstring, or whose
+change touches only those, is refused (comments and docstrings are rewritten freely).
+
+``diagnose = ["case", …]`` names fixture cases of the lab's ``make_fixtures.py`` that
+store what this bug outputs; ``grader fixtures`` makes them by importing the solution with
+the bug applied (:func:`import_with_bug`), and a failing test whose result matches says
+"Your result matches <concept>", so a diagnosed bug's ``concept`` is written for the
+student.
 
 Each bug is applied to a temporary copy of the solutions and the lab's tests are run
 on it: the bug is *caught* when a test fails, and *explained* when a failure message
@@ -28,12 +36,20 @@ contains one of the ``expect`` words (the concept, in the lab's terms).
 
 from __future__ import annotations
 
+import importlib
+import io
+import os
 import shutil
+import sys
 import tempfile
+import tokenize
 import tomllib
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 from gptkit.testing.layout import KIT_ROOT, lab_dirs
 from grader.pytest_run import TestResult, run_pytest
@@ -58,6 +74,7 @@ class Bug:
     edits: tuple[Edit, ...]
     expect: tuple[str, ...]
     live: bool = False  # caught by the live PyTorch/HuggingFace tests (run only for such bugs)
+    diagnose: tuple[str, ...] = ()  # fixture cases that store this bug's output
 
     @property
     def name(self) -> str:
@@ -93,10 +110,68 @@ def load_catalogue(solutions: Path = KIT_ROOT / "solutions", labs: list[str] | N
                 if not all(e.file for e in edits):
                     raise KeyError("file")
                 bugs.append(Bug(lab.name, entry["id"], entry["concept"], edits, tuple(entry["expect"]),
-                                bool(entry.get("live", False))))
+                                bool(entry.get("live", False)), tuple(entry.get("diagnose", ()))))
             except KeyError as exc:
                 raise CatalogueError(f"{path}: the bug {entry.get('id', '?')!r} lacks the field {exc}") from None
     return bugs
+
+
+def _prose_and_code(text: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Character spans of ``text``'s comments and statement strings (docstrings), and of
+    its code tokens (names, operators, other strings…); whitespace is in neither."""
+    starts = [0]
+    for line in text.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+
+    def offset(pos):
+        return starts[pos[0] - 1] + pos[1]
+
+    prose, code, line = [], [], []
+    skip = {tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING, tokenize.ENDMARKER}
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        span = (offset(tok.start), offset(tok.end))
+        if tok.type == tokenize.COMMENT:
+            prose.append(span)
+        elif tok.type == tokenize.NEWLINE:  # a logical line of strings alone is a docstring
+            (prose if line and all(t == tokenize.STRING for t, _ in line) else code).extend(s for _, s in line)
+            line = []
+        elif tok.type not in skip:
+            line.append((tok.type, span))
+    code.extend(s for _, s in line)
+    return prose, code
+
+
+def _code_spans(bug: Bug, edit: Edit, text: str) -> list[tuple[int, int]]:
+    try:
+        return _prose_and_code(text)[1]
+    except (tokenize.TokenError, SyntaxError) as exc:
+        raise CatalogueError(f"{bug.name}: {edit.file} is not valid Python around the edit {edit.find!r}: {exc}") from None
+
+
+def _touches(spans: list[tuple[int, int]], lo: int, hi: int) -> bool:
+    return any(s < hi and lo < e for s, e in spans)
+
+
+def _check_edits_code(bug: Bug, edit: Edit, text: str) -> None:
+    """Refuse an edit whose ``find`` lies only in comments or docstrings, or that changes
+    only comments or docstrings: the edit must remove code or put code in."""
+    start = text.index(edit.find)
+    # the part the edit changes: what find and replace do not share at either end
+    same_start = len(os.path.commonprefix([edit.find, edit.replace]))
+    room = min(len(edit.find), len(edit.replace)) - same_start
+    same_end = len(os.path.commonprefix([edit.find[::-1][:room], edit.replace[::-1][:room]]))
+    old_code = _code_spans(bug, edit, text)
+    if not _touches(old_code, start, start + len(edit.find)):
+        where = "matches only inside a comment or docstring"
+    elif _touches(old_code, start + same_start, start + len(edit.find) - same_end):
+        return  # it removes or rewrites code
+    elif _touches(_code_spans(bug, edit, text.replace(edit.find, edit.replace)),
+                  start + same_start, start + len(edit.replace) - same_end):
+        return  # it puts code in
+    else:
+        where = "changes only a comment or docstring"
+    raise CatalogueError(f"{bug.name}: the find {edit.find!r} in {edit.file} {where}; an edit must change "
+                         "code: match and change the code itself")
 
 
 def apply_bug(bug: Bug, tree: Path) -> None:
@@ -112,23 +187,53 @@ def apply_bug(bug: Bug, tree: Path) -> None:
                 f"{bug.name}: the text to replace occurs {count} times in {edit.file} (must be exactly once): "
                 "update the catalogue entry after editing the solution"
             )
+        _check_edits_code(bug, edit, text)
         target.write_text(text.replace(edit.find, edit.replace), encoding="utf-8")
+
+
+@contextmanager
+def bugged_tree(bug: Bug, solutions: Path = KIT_ROOT / "solutions") -> Iterator[Path]:
+    """A temporary copy of the solutions with ``bug`` applied (removed on exit)."""
+    with tempfile.TemporaryDirectory(prefix="kit-bug-") as tmp:
+        tree = Path(tmp) / "impl"
+        shutil.copytree(solutions, tree, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        apply_bug(bug, tree)
+        yield tree
+
+
+def import_with_bug(bug: Bug, module: str, solutions: Path = KIT_ROOT / "solutions") -> ModuleType:
+    """The solution's ``module`` imported with ``bug`` applied, beside (not instead of) the
+    reference: the kit modules it imports are the bugged copies too, and ``sys.modules``
+    and ``sys.path`` are as they were afterwards. (A kit module imported inside a function
+    body, at call time, is the reference's.)"""
+    with bugged_tree(bug, solutions) as tree:
+        labs = lab_dirs(tree)
+        names = {name for lab in labs for name in lab.modules()}
+        saved = {name: sys.modules.pop(name) for name in names if name in sys.modules}
+        path, no_bytecode = sys.path[:], sys.dont_write_bytecode
+        sys.path[:0] = [str(lab.code_dir) for lab in labs]
+        sys.dont_write_bytecode = True
+        importlib.invalidate_caches()
+        try:
+            return importlib.import_module(module)
+        finally:
+            for name in names:
+                sys.modules.pop(name, None)
+            sys.modules.update(saved)
+            sys.path[:], sys.dont_write_bytecode = path, no_bytecode
 
 
 def check_bug(bug: Bug, solutions: Path = KIT_ROOT / "solutions") -> BugResult:
     result = BugResult(bug)
-    with tempfile.TemporaryDirectory(prefix="kit-bug-") as tmp:
-        tree = Path(tmp) / "impl"
-        shutil.copytree(solutions, tree, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        try:
-            apply_bug(bug, tree)
-        except CatalogueError as exc:
-            result.error = str(exc)
-            return result
-        # The stored-fixture tests must catch a bug on their own (students run them without
-        # torch); only a bug marked `live = true` is also run against the live references.
-        marker = f"lab{bug.lab[:2]}" + ("" if bug.live else " and not torch")
-        _, results, output = run_pytest(tree, marker)
+    # The stored-fixture tests must catch a bug on their own (students run them without
+    # torch); only a bug marked `live = true` is also run against the live references.
+    marker = f"lab{bug.lab[:2]}" + ("" if bug.live else " and not torch")
+    try:
+        with bugged_tree(bug, solutions) as tree:
+            _, results, output = run_pytest(tree, marker)
+    except CatalogueError as exc:
+        result.error = str(exc)
+        return result
     if not results:
         result.error = "the tests did not run:\n" + output[-2000:]
         return result

@@ -26,7 +26,7 @@ from pathlib import Path
 from gptkit.testing.layout import KIT_ROOT, lab_dirs
 from grader import policy
 from grader.rubric import LabRubric, load_rubric
-from grader.sandbox import runner
+from grader.sandbox import protocol, runner
 from grader.submission import Submission, SubmissionError, discover, expected_files, read_submission
 
 HIDDEN_DIR = "tests/hidden"
@@ -150,10 +150,10 @@ class Grader:
         raw_by_lab = self._run_submission(ref, slot=0)
         problems, graded = [], {}
         for lab in self.labs:
-            tests = [e for e in raw_by_lab.events if e.get("event") == "test" and e.get("lab", lab) == lab
-                     and _lab_of(e["nodeid"]) == lab]
-            graded[lab] = sorted(e["nodeid"] for e in tests if e["outcome"] == "passed")
-            problems += [f"{e['nodeid']}: {e['message'][:300]}" for e in tests if e["outcome"] in ("failed", "error")]
+            tests = [e for e in raw_by_lab.events if isinstance(e, protocol.TestResult) and e.lab == lab
+                     and _lab_of(e.nodeid) == lab]
+            graded[lab] = sorted(e.nodeid for e in tests if e.outcome == "passed")
+            problems += [f"{e.nodeid}: {e.message[:300]}" for e in tests if e.outcome in ("failed", "error")]
             if not graded[lab]:
                 problems.append(f"{lab}: no test passed on the reference solution")
         if problems or raw_by_lab.killed:
@@ -240,13 +240,14 @@ class Grader:
                 tests = [f"tests/{lab}"]
                 if (scratch / "kit" / HIDDEN_DIR / lab).is_dir():
                     tests.append(f"{HIDDEN_DIR}/{lab}")
-                jobs.append({"lab": lab, "impl": f"impl/{lab}", "tests": tests})
+                jobs.append({"lab": lab, "tests": tests})
             for p in (scratch / "impl").rglob("*"):
                 p.chmod(0o755 if p.is_dir() else 0o644)
             (scratch / "work").mkdir()
             (scratch / "tmp").mkdir()
             scratch.chmod(0o755)
-            return runner.run(scratch, jobs, self.limits, slot=slot, mode=self.isolation)
+            module_labs = {m: name for name, mods in self.all_wanted.items() for m in mods}
+            return runner.run(scratch, jobs, self.limits, slot=slot, mode=self.isolation, module_labs=module_labs)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
@@ -295,68 +296,85 @@ class Grader:
         self._score(res, runner.RawRun(), {lab: why for lab in self.labs})
 
     def _score(self, res: StudentResult, raw: runner.RawRun, not_run: dict[str, str]) -> None:
-        results = {e["nodeid"]: e for e in raw.events if e.get("event") == "test"}
-        started: dict[str, str] = {}
-        lab_events: dict[str, list[dict]] = {}
+        """Points from the test process's events alone. A lab whose test process did not end
+        cleanly, or that reported one test twice, gets nothing from what it reported."""
+        by_lab: dict[str, list] = {}
         for e in raw.events:
-            if e.get("event") == "test_start":
-                started[_lab_of(e["nodeid"])] = e["nodeid"]
-            elif "lab" in e:
-                lab_events.setdefault(e["lab"], []).append(e)
+            by_lab.setdefault(e.lab, []).append(e)
         for lab in self.labs:
             lr = LabResult(lab)
             nodeids = self.graded_tests.get(lab, [])
             points = self.rubric[lab].split(nodeids)
-            events = lab_events.get(lab, [])
-            blocked = sorted({e["what"] for e in events if e["event"] == "blocked"})
+            events = by_lab.get(lab, [])
+
+            def first(kind):
+                return next((e for e in events if isinstance(e, kind)), None)
+
+            results: dict[str, protocol.TestResult] = {}
+            duplicated = set()
+            for e in events:
+                if isinstance(e, protocol.TestResult):
+                    if e.nodeid in results:
+                        duplicated.add(e.nodeid)
+                    results[e.nodeid] = e
+            duplicated = sorted(duplicated)
+            started = [e.nodeid for e in events if isinstance(e, protocol.TestStart)]
+            timeout, end, crash, stopped = (first(k) for k in (protocol.LabTimeout, protocol.LabEnd,
+                                                                protocol.LabCrash, protocol.LabStopped))
+            blocked = sorted({e.what for e in events if isinstance(e, protocol.Blocked)})
             if blocked:
                 lr.flags.append("sandbox blocked: " + "; ".join(blocked[:5]))
-            timeout = next((e for e in events if e["event"] == "lab_timeout"), None)
-            end = next((e for e in events if e["event"] == "lab_end"), None)
-            crash = next((e for e in events if e["event"] == "lab_crash"), None)
-            stopped = next((e for e in events if e["event"] == "lab_stopped"), None)
-            if timeout:
-                lr.flags.append(f"time limit: the lab's tests ran past {timeout['seconds']:g} s")
             printed = raw.lab_output_bytes.get(lab, 0)
             if printed >= self.limits.max_file_mb * 1024 * 1024:
                 lr.flags.append(f"output limit: the lab printed more than {self.limits.max_file_mb} MB")
             elif printed > 1024 * 1024:
                 lr.flags.append(f"the lab printed {printed / 1e6:.1f} MB")
-            if crash:
-                lr.flags.append(f"test run crashed: {crash['what'][:200]}")
+            # pytest exits 0 or 1 when it ran everything; 2 when the plugin stopped the lab itself.
+            clean = (end is not None and not end.signal and not duplicated and not crash
+                     and (end.exit in (0, 1) or (end.exit == 2 and stopped is not None)))
+            why_none = ""
+            if lab in not_run:
+                why_none = not_run[lab]
+            elif duplicated:
+                why_none = f"no result: the test process reported {duplicated[0]} twice, so none of its results count"
+                lr.flags.append(f"the results of this lab were inconsistent ({len(duplicated)} reported twice)")
+            elif timeout:
+                why_none = f"no result: the lab's tests were stopped after {timeout.seconds:g} s"
+                lr.flags.append(f"time limit: the lab's tests ran past {timeout.seconds:g} s")
+            elif raw.killed:
+                why_none = f"no result: {raw.killed}"
+            elif crash:
+                why_none = f"no result: the test process stopped ({crash.what[:200]})"
+                lr.flags.append(f"test run crashed: {crash.what[:200]}")
+            elif not clean:
+                how = (f"exit code {end.exit}, signal {end.signal}" if end is not None else "it never reported its end")
+                why_none = f"no result: the lab's test process did not end cleanly ({how})"
+                lr.flags.append(f"the test process ended abnormally ({how})")
             for nodeid in nodeids:
                 hidden = nodeid.startswith(HIDDEN_DIR + "/")
-                if lab in not_run:
-                    rec = TestRecord(nodeid, lab, hidden, "not run", 0.0, points[nodeid], not_run[lab], 0.0)
-                elif nodeid in results:
-                    e = results[nodeid]
-                    ok = e["outcome"] == "passed"
-                    rec = TestRecord(nodeid, lab, hidden, e["outcome"], points[nodeid] if ok else 0.0,
-                                     points[nodeid], e.get("message", ""), e.get("duration", 0.0))
+                e = results.get(nodeid)
+                if why_none:
+                    rec = TestRecord(nodeid, lab, hidden, "not run", 0.0, points[nodeid], why_none, 0.0)
+                elif e is not None:
+                    ok = e.outcome == "passed"
+                    rec = TestRecord(nodeid, lab, hidden, e.outcome, points[nodeid] if ok else 0.0,
+                                     points[nodeid], e.message, e.duration)
                 else:
-                    why = "no result"
-                    if started.get(lab) and started[lab] not in results:
-                        why = f"no result: the test process died while running {started[lab].split('::')[-1]}"
+                    why = "no result: the test did not run"
                     if stopped:
-                        why = f"not run: the lab's tests were stopped once {stopped['what']}"
-                    elif timeout:
-                        why = f"no result: the lab's tests were stopped after {timeout['seconds']:g} s"
-                    elif raw.killed:
-                        why = f"no result: {raw.killed}"
-                    elif crash:
-                        why += f": the test process stopped ({crash['what'][:200]})"
-                    elif end and (end.get("exit") not in (0, 1) or end.get("signal")):
-                        why += f" (the test process exited with code {end.get('exit')}, signal {end.get('signal')})"
+                        why = f"not run: the lab's tests were stopped once {stopped.what}"
+                    elif started and started[-1] not in results:
+                        why = f"no result: the test process died while running {started[-1].split('::')[-1]}"
                     rec = TestRecord(nodeid, lab, hidden, "not run", 0.0, points[nodeid], why, 0.0)
                 lr.tests.append(rec)
             if any("MemoryError" in t.message for t in lr.tests):
                 lr.flags.append(f"memory limit: a test ran out of the {self.limits.memory_mb} MB allowed")
             if any("TestTimeLimit" in t.message for t in lr.tests):
                 n = sum("TestTimeLimit" in t.message for t in lr.tests)
-                lr.flags.append(f"time limit: {n} test(s) ran past {self.limits.test_seconds:g} s")
-            if end and (end.get("exit") not in (0, 1) or end.get("signal")) and not timeout and not stopped:
-                lr.flags.append(f"the test process ended abnormally (exit code {end.get('exit')}, "
-                                f"signal {end.get('signal')})")
+                lr.flags.append(f"time limit: {n} test(s) ran past {self.limits.test_seconds:g} s of CPU time")
+            died = sum("LabProcessDied" in t.message for t in lr.tests)
+            if died:
+                lr.flags.append(f"the lab code's process ended during {died} test(s) (os._exit, a crash or a limit)")
             lr.points = round(sum(t.points for t in lr.tests), 4)
             lr.max_points = round(sum(t.max_points for t in lr.tests), 4)
             res.labs[lab] = lr

@@ -8,7 +8,9 @@ from gptkit.testing.assertions import (
     mismatch_summary,
     raises_clearly,
 )
-from gptkit.testing.fixtures import load_fixture
+from gptkit.testing.fixtures import diagnosis_label, load_fixture, stored_diagnoses
 from gptkit.testing.loader import lab
+from gptkit.testing.remote import same_object, shares_memory
 
-__all__ = ["assert_close", "assert_float32", "explains_errors", "lab", "load_fixture", "mismatch_summary", "raises_clearly"]
+__all__ = ["assert_close", "assert_float32", "diagnosis_label", "explains_errors", "lab", "load_fixture",
+           "mismatch_summary", "raises_clearly", "same_object", "shares_memory", "stored_diagnoses"]

@@ -50,3 +50,25 @@ def load_fixture(lab: str, case: str) -> dict[str, np.ndarray]:
         with np.load(path, allow_pickle=False) as data:
             _cache[path] = {k: data[k] for k in data.files}
     return {k: v.copy() for k, v in _cache[path].items()}
+
+
+# What a catalogued mistake outputs is stored beside the right answer: ``<output>@<bug id>``
+# holds the array, ``label@<bug id>`` the bug's concept (``solutions/NN_name/bugs.toml``).
+def diagnosis_key(output: str, bug_id: str) -> str:
+    return f"{output}@{bug_id}"
+
+
+def label_key(bug_id: str) -> str:
+    return f"label@{bug_id}"
+
+
+def stored_diagnoses(fixture: dict[str, np.ndarray], output: str) -> dict[str, np.ndarray]:
+    """``{label: what that mistake outputs}`` for one output of a fixture, for
+    ``assert_close(..., diagnoses=...)``."""
+    prefix = diagnosis_key(output, "")
+    return {str(fixture[label_key(key[len(prefix):])]): value
+            for key, value in sorted(fixture.items()) if key.startswith(prefix)}
+
+
+def diagnosis_label(fixture: dict[str, np.ndarray], bug_id: str) -> str:
+    return str(fixture[label_key(bug_id)])

@@ -4,16 +4,19 @@ The conftest puts the chosen implementation tree's lab folders on ``sys.path``; 
 module imports from there lazily, at the first attribute access inside a test, so a
 student's syntax error or missing function fails that lab's tests with a readable
 message instead of breaking collection for every lab.
+
+When the grader runs the tests, the lab code lives in another process: ``lab()`` then
+hands out stand-ins from ``remote.py`` and this process never imports student code.
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
 import traceback
 
 import pytest
 
+from gptkit.testing import remote
 from gptkit.testing.layout import module_lab
 
 _current_root = None  # set by the conftest: the implementation tree under test
@@ -26,6 +29,8 @@ def set_root(root) -> None:
 
 def _where(module: str) -> str:
     """The file as the student knows it: labs/NN_name/src/<module>.py."""
+    if remote.active() is not None:
+        return f"labs/{remote.active().module_labs.get(module, '<lab>')}/src/{module}.py"
     lab = module_lab(module, _current_root) if _current_root is not None else None
     if lab is None:
         return f"{module}.py"
@@ -41,13 +46,23 @@ class _LabModule:
         self._name = name
 
     def _load(self):
+        r = remote.active()
         try:
-            return importlib.import_module(self._name)
+            return r.module(self._name) if r is not None else importlib.import_module(self._name)
         except NotImplementedError:
             raise
+        except remote.TestTimeLimit:
+            raise
         except BaseException as exc:  # syntax errors, bad imports, sys.exit or crashes at import time
-            frames = traceback.extract_tb(exc.__traceback__)
             line = ""
+            err = getattr(exc, "lab_error", None)
+            if err is not None:  # raised in the lab process
+                kind = err.get("name") or type(exc).__name__
+                if type(err.get("line")) is int:
+                    line = f" (line {err['line']})"
+                pytest.fail(f"could not import {_where(self._name)}{line}: {kind}: {err.get('msg', exc)}",
+                            pytrace=False)
+            frames = traceback.extract_tb(exc.__traceback__)
             if isinstance(exc, SyntaxError) and exc.lineno:
                 line = f" (line {exc.lineno})"
             elif frames:
@@ -63,7 +78,9 @@ class _LabModule:
         module = self._load()
         try:
             return getattr(module, attr)
-        except AttributeError:
+        except AttributeError as exc:
+            if getattr(exc, "lab_error", None) is not None and f"'{attr}'" not in str(exc):
+                raise  # raised by lab code while the module's attribute was computed
             pytest.fail(
                 f"{_where(self._name)} has no `{attr}`: the tests call it by that name "
                 f"(was it renamed or deleted?)",
@@ -79,6 +96,3 @@ def lab(module: str) -> _LabModule:
     return _LabModule(module)
 
 
-def loaded_module(module: str):
-    """The real module object (for tests that need ``sys.modules``-level access)."""
-    return sys.modules.get(module) or importlib.import_module(module)

@@ -11,12 +11,14 @@ Isolation, strongest first:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import resource
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -24,6 +26,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from grader.sandbox import protocol
 
 HERE = Path(__file__).resolve().parent
 SANDBOX_ROOT = "/sandbox"  # where the scratch folder appears inside bubblewrap
@@ -33,12 +37,19 @@ SANDBOX_ROOT = "/sandbox"  # where the scratch folder appears inside bubblewrap
 class Limits:
     wall_seconds: float = 600.0  # whole submission
     lab_seconds: float = 120.0  # one lab's test run
-    test_seconds: float = 10.0  # one test
+    test_seconds: float = 10.0  # one test: CPU seconds of the lab code (the kernel's count, whatever the load)
     memory_mb: int = 2048
     cpu_seconds: int = 600
     max_processes: int = 64
     max_file_mb: int = 16  # any file a lab writes, its printed output included
     max_output_kb: int = 512  # what the grader reads back and keeps of a lab's printed output
+    test_wall_backstop: float | None = None  # seconds without an answer from lab code (None: see below)
+
+    @property
+    def test_wall_seconds(self) -> float:
+        """Backstop for lab code that waits without using CPU: far above the CPU budget, so
+        that load alone never reaches it."""
+        return self.test_wall_backstop or max(60.0, 6 * self.test_seconds)
 
 
 @dataclass
@@ -51,6 +62,7 @@ class RawRun:
     isolation: str = ""
     lab_output: dict = field(default_factory=dict)  # lab → the first max_output_kb of what it printed
     lab_output_bytes: dict = field(default_factory=dict)
+    dropped: int = 0  # lines on the results pipe that were not well-formed events
 
 
 def isolation_mode() -> str:
@@ -78,15 +90,15 @@ def site_packages() -> list[str]:
     return sorted({os.path.realpath(paths["purelib"]), os.path.realpath(paths["platlib"])})
 
 
-def _limit_self(limits: Limits, as_root_drop: bool) -> None:
-    """Runs in the child between fork and exec."""
+def _limit_self(limits: Limits, as_root_drop: bool, uid: int | None = None) -> None:
+    """Runs in the child between fork and exec (``uid``: drop to it, without bubblewrap)."""
     mb = 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limits.memory_mb * mb, limits.memory_mb * mb))
     resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 5))
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits.max_file_mb * mb, limits.max_file_mb * mb))
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if os.geteuid() != 0 or as_root_drop:
+    if os.geteuid() != 0 or as_root_drop or uid is not None:
         # Counted per user: for a dedicated uid this caps the sandbox itself; for a normal
         # user it caps their extra processes while grading.
         try:
@@ -96,6 +108,10 @@ def _limit_self(limits: Limits, as_root_drop: bool) -> None:
         n = limits.max_processes + current
         resource.setrlimit(resource.RLIMIT_NPROC, (n, n))
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails instead of killing
+    if uid is not None:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
 
 
 def _drain(stream, cap: int, sink: list, flag: dict) -> None:
@@ -112,35 +128,234 @@ def _drain(stream, cap: int, sink: list, flag: dict) -> None:
             sink.append(chunk[: max(0, cap - (total - len(chunk)))])
 
 
-def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode: str | None = None) -> RawRun:
+def _bwrap_binds(roots: list[str]) -> list[str]:
+    """Read-only binds of the Python installation (and traversable parents for them)."""
+    binds, made = [], set()
+    for root in sorted({*roots, os.path.dirname(os.path.abspath(sys.executable)).rsplit("/bin", 1)[0]}):
+        if not os.path.exists(root):
+            continue
+        # bwrap would create the mount point's parents mode 0700: make them traversable.
+        for parent in reversed(Path(root).parents):
+            if str(parent) not in ("/", "/usr") and str(parent) not in made and not str(parent).startswith("/usr/"):
+                made.add(str(parent))
+                binds += ["--perms", "0755", "--dir", str(parent)]
+        binds += ["--ro-bind", root, root]
+    return binds
+
+
+def _bwrap(roots: list[str], mounts: list[str], chdir: str, uid: int | None) -> list[str]:
+    """The bubblewrap prefix: own PID, network, IPC and mount namespaces; only ``mounts``
+    (and the Python installation, read-only) exist; as root, run as ``uid``."""
+    prefix = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net",
+              "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", *([] if uid is not None else ["--unshare-user"]),
+              "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+              "--symlink", "usr/bin", "/bin", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+              *_bwrap_binds(roots), *mounts, "--chdir", chdir]
+    if uid is not None:
+        prefix += ["/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                   "--inh-caps=-all", "--bounding-set=-all"]
+    return prefix
+
+
+def _chown_tree(path: Path, uid: int) -> None:
+    for dirpath, _dirnames, filenames in os.walk(path):
+        os.chown(dirpath, uid, uid)
+        for f in filenames:
+            os.chown(os.path.join(dirpath, f), uid, uid)
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds of a live process and its descendants (its reaped children included)."""
+    total, todo, seen = 0.0, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            with open(f"/proc/{p}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            total += sum(int(fields[i]) for i in (11, 12, 13, 14)) / _TICK  # utime stime cutime cstime
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/children") as fh:
+                    todo += [int(c) for c in fh.read().split()]
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+@dataclass
+class _LabProcess:
+    proc: subprocess.Popen
+    lab: str
+    cpu: float = 0.0  # once ended: its CPU time (rusage)
+    status: dict = field(default_factory=dict)
+
+
+class _LabProcesses:
+    """The grader's side of the control socket: starts a fresh lab process on request
+    (its own sandbox, uid and interpreter; given only its end of a new socket, whose
+    other end goes to the test process), reports its CPU time, ends it."""
+
+    def __init__(self, scratch: Path, inside: Path, limits: Limits, mode: str, slot: int, env: dict,
+                 labs: dict[str, list[str]]):
+        self.scratch, self.inside, self.limits, self.mode, self.env = scratch, inside, limits, mode, env
+        self.labs = labs  # lab → the lab folders of its tree (earlier labs and itself)
+        self.uid = 62000 + slot if os.geteuid() == 0 else None
+        self.procs: dict[int, _LabProcess] = {}
+        self.next_sid = 1
+        self.lock = threading.Lock()
+
+    def serve(self, sock: socket.socket) -> None:
+        while True:
+            try:
+                data = sock.recv(65536)
+            except OSError:
+                return
+            if not data:
+                return
+            fds = []
+            try:
+                req = json.loads(data)
+                op = req.get("op")
+                if op == "spawn":
+                    reply, fds = self.spawn(str(req.get("lab", "")))
+                elif op == "cpu":
+                    reply = {"cpu": self.cpu(int(req["sid"]))}
+                elif op == "kill":
+                    reply = self.kill(int(req["sid"]), grace=min(2.0, float(req.get("grace", 0))))
+                else:
+                    reply = {"error": f"unknown request {op!r}"}
+            except Exception as exc:  # noqa: BLE001 - the test process gets the reason
+                reply = {"error": f"the grader could not do that: {type(exc).__name__}: {exc}"}
+            try:
+                socket.send_fds(sock, [json.dumps(reply).encode()], [f.fileno() for f in fds])
+            except OSError:
+                return
+            finally:
+                for f in fds:
+                    f.close()
+
+    def spawn(self, lab: str):
+        if lab not in self.labs:
+            return {"error": f"no lab {lab!r} in this run"}, []
+        inside, scratch = self.inside, self.scratch
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        lab_dirs = self.labs[lab]
+        config = {"sys_path": [*(str(inside / "impl" / lab / d) for d in lab_dirs), str(inside / "kit"),
+                               *site_packages()],
+                  "impl": str(inside / "impl" / lab), "student_path": str(inside / "impl" / lab),
+                  "read_roots": [*python_roots(), str(inside / "impl" / lab), str(inside / "kit" / "gptkit"),
+                                 str(inside / "kit" / "_grader_labserver.py"), str(inside / "tmp"),
+                                 str(inside / "swork"), "/usr/lib", "/usr/share/zoneinfo", "/etc/localtime",
+                                 "/dev/null", "/dev/urandom"],
+                  "write_roots": [str(inside / "tmp"), str(inside / "swork"), "/dev/null"]}
+        cfg = scratch / "swork" / f".server-{lab}.json"
+        cfg.write_text(json.dumps(config))
+        cmd = [sys.executable, "-I", "-S", "-B", str(inside / "kit" / "_grader_labserver.py"),
+               str(theirs.fileno()), str(inside / "swork" / cfg.name)]
+        if self.mode == "bwrap":
+            mounts = ["--perms", "0755", "--dir", str(inside), "--perms", "0755", "--dir", str(inside / "kit"),
+                      "--perms", "0755", "--dir", str(inside / "impl"),
+                      "--ro-bind", str(scratch / "impl" / lab), str(inside / "impl" / lab),
+                      "--ro-bind", str(scratch / "kit" / "gptkit"), str(inside / "kit" / "gptkit"),
+                      "--ro-bind", str(scratch / "kit" / "_grader_labserver.py"),
+                      str(inside / "kit" / "_grader_labserver.py"),
+                      "--bind", str(scratch / "tmp"), str(inside / "tmp"),
+                      "--bind", str(scratch / "swork"), str(inside / "swork")]
+            cmd = _bwrap(python_roots(), mounts, str(inside / "swork"), self.uid) + cmd
+        log = open(scratch / "slogs" / f"{lab}.txt", "ab")
+        uid = self.uid if self.mode != "bwrap" else None  # bwrap drops to it itself
+        try:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    pass_fds=(theirs.fileno(),), cwd=str(scratch / "swork"), env=self.env,
+                                    start_new_session=True,
+                                    preexec_fn=lambda: _limit_self(self.limits, self.mode == "bwrap"
+                                                                   and os.geteuid() == 0, uid))
+        finally:
+            log.close()
+            theirs.close()
+        with self.lock:
+            sid, self.next_sid = self.next_sid, self.next_sid + 1
+            self.procs[sid] = _LabProcess(proc, lab)
+        return {"sid": sid}, [ours]
+
+    def cpu(self, sid: int) -> float:
+        p = self.procs[sid]
+        if p.status:
+            return p.cpu
+        return _tree_cpu(p.proc.pid)
+
+    def kill(self, sid: int, grace: float = 0.0) -> dict:
+        """End a lab process (after ``grace`` seconds to end by itself); its exit status and CPU time."""
+        p = self.procs[sid]
+        if not p.status:
+            p.cpu = _tree_cpu(p.proc.pid)
+            deadline = time.monotonic() + grace
+            done = 0
+            while not done and time.monotonic() < deadline:
+                done, st, usage = os.wait4(p.proc.pid, os.WNOHANG)
+                if not done:
+                    time.sleep(0.01)
+            try:
+                if not done:
+                    os.killpg(p.proc.pid, signal.SIGKILL)
+                    _, st, usage = os.wait4(p.proc.pid, 0)
+                else:
+                    try:
+                        os.killpg(p.proc.pid, signal.SIGKILL)  # anything it left behind
+                    except OSError:
+                        pass
+                p.proc.returncode = st
+                p.cpu = max(p.cpu, usage.ru_utime + usage.ru_stime)
+                # (killed by us: SIGKILL; a process that ended by itself shows its own status)
+                p.status = {"exit": os.WEXITSTATUS(st) if os.WIFEXITED(st) else -1,
+                            "signal": os.WTERMSIG(st) if os.WIFSIGNALED(st) else 0, "ended_by_grader": not done}
+            except ChildProcessError:
+                p.status = {"exit": -1, "signal": 0}
+        return {"cpu": p.cpu, **p.status}
+
+    def stop_all(self) -> None:
+        for sid in list(self.procs):
+            self.kill(sid)
+
+
+def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode: str | None = None,
+        module_labs: dict[str, str] | None = None) -> RawRun:
     """Run the planned lab jobs inside ``scratch`` (which holds ``kit/``, ``impl/``,
-    ``work/``, ``tmp/``) and return every event the boot script reported."""
+    ``work/``, ``tmp/``) and return every event the test process reported.
+
+    Two kinds of process, each in its own sandbox: the test process (the kit's tests, the
+    results pipe, no lab code) and, started on its request, a lab process per lab (the
+    submission's code, nothing else)."""
     mode = mode or isolation_mode()
     scratch = Path(scratch).resolve()
     inside = Path(SANDBOX_ROOT) if mode == "bwrap" else scratch
     token = secrets.token_hex(16)
     r_fd, w_fd = os.pipe()
     os.set_inheritable(w_fd, True)
+    ctl_ours, ctl_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ctl_theirs.set_inheritable(True)
     roots = python_roots()
+    for sub in ("logs", "slogs", "swork"):
+        (scratch / sub).mkdir(exist_ok=True)
     plan = {
         "sys_path": [str(inside / "kit"), *site_packages()],
         "results_fd": w_fd,
-        "read_roots": [str(inside), *roots, "/usr/lib", "/usr/share/zoneinfo", "/etc/localtime", "/dev/null",
-                       "/dev/urandom"],
-        "write_roots": [str(inside / "work"), str(inside / "tmp"), str(inside / "logs"), "/dev/null"],
-        "student_root": str(inside / "impl"),
-        "student_reads": [*roots, str(inside / "impl"), str(inside / "work"), str(inside / "tmp"), "/dev/null",
-                          "/dev/urandom"],
-        "max_file_bytes": limits.max_file_mb * 1024 * 1024,
-        "per_test_timeout": limits.test_seconds,
+        "ctl_fd": ctl_theirs.fileno(),
+        "test_cpu_seconds": limits.test_seconds,
+        "test_wall_seconds": limits.test_wall_seconds,
+        "module_labs": module_labs or {},
         "pytest_args": ["-q", "-s", "-p", "no:cacheprovider", "-p", "no:randomly", "-m", "not torch",
                         f"--rootdir={inside / 'kit'}", "-c", str(inside / "kit" / "pyproject.toml"),
-                        "--tb=line", "-W", "ignore"],
-        "jobs": [{**j, "impl": str(inside / j["impl"]), "tests": [str(inside / "kit" / t) for t in j["tests"]],
+                        f"--basetemp={inside / 'tmp' / 'pytest'}", "--tb=line", "-W", "ignore"],
+        "jobs": [{"lab": j["lab"], "tests": [str(inside / "kit" / t) for t in j["tests"]],
                   "timeout": limits.lab_seconds, "log": str(inside / "logs" / f"{j['lab']}.txt")} for j in jobs],
     }
     (scratch / "plan.json").write_text(json.dumps(plan))
-    (scratch / "logs").mkdir(exist_ok=True)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(inside / "work"), "TMPDIR": str(inside / "tmp"),
            "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0", "LANG": "C.UTF-8",
@@ -148,53 +363,49 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
            # with the torch extra) cost more than a lab's tests.
            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
            "HYPOTHESIS_STORAGE_DIRECTORY": str(inside / "tmp" / "hypothesis")}
-    python = os.path.realpath(sys.executable) if mode == "bwrap" else sys.executable
-    cmd = [python, "-I", "-S", "-B", str(inside / "kit" / "_grader_boot.py"), str(inside / "plan.json")]
+    lab_env = {**{k: env[k] for k in ("PATH", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                                      "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "LANG")},
+               "HOME": str(inside / "swork"), "TMPDIR": str(inside / "tmp")}
+    root = os.geteuid() == 0
+    (scratch / "tmp").chmod(0o1777)
+    if root:
+        # The lab process runs as another user: the tests, fixtures and hidden tests are
+        # the test process's alone (bubblewrap does not even mount them for the lab process).
+        _chown_tree(scratch / "kit" / "tests", 61000 + slot)
+        (scratch / "kit" / "tests").chmod(0o700)
+        _chown_tree(scratch / "work", 61000 + slot)
+        _chown_tree(scratch / "logs", 61000 + slot)
+        _chown_tree(scratch / "swork", 62000 + slot)
+        _chown_tree(scratch / "slogs", 62000 + slot)
+    cmd = [sys.executable, "-I", "-S", "-B", str(inside / "kit" / "_grader_boot.py"), str(inside / "plan.json")]
+    drop_uid = None
     if mode == "bwrap":
-        cmd[0] = sys.executable  # the venv's python: pyvenv.cfg finds the packages
-        drop = os.geteuid() == 0
-        uid = 61000 + slot
-        if drop:
-            for sub in ("work", "tmp", "logs"):
-                for dirpath, dirnames, filenames in os.walk(scratch / sub):
-                    os.chown(dirpath, uid, uid)
-                    for f in filenames:
-                        os.chown(os.path.join(dirpath, f), uid, uid)
-        binds, made = [], set()
-        for root in sorted({*roots, os.path.dirname(os.path.abspath(sys.executable)).rsplit("/bin", 1)[0]}):
-            if not os.path.exists(root):
-                continue
-            # bwrap would create the mount point's parents mode 0700: make them traversable.
-            for parent in reversed(Path(root).parents):
-                if str(parent) not in ("/", "/usr") and str(parent) not in made and not str(parent).startswith("/usr/"):
-                    made.add(str(parent))
-                    binds += ["--perms", "0755", "--dir", str(parent)]
-            binds += ["--ro-bind", root, root]
-        prefix = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net",
-                  "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-                  *([] if drop else ["--unshare-user"]),
-                  "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
-                  "--symlink", "usr/bin", "/bin", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-                  *binds, "--bind", str(scratch), SANDBOX_ROOT, "--ro-bind", str(scratch / "kit"),
-                  str(inside / "kit"), "--ro-bind", str(scratch / "impl"), str(inside / "impl"),
-                  "--chdir", str(inside / "work")]
-        if drop:
-            prefix += ["/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-                       "--inh-caps=-all", "--bounding-set=-all"]
-        cmd = prefix + cmd
+        mounts = ["--bind", str(scratch), SANDBOX_ROOT, "--ro-bind", str(scratch / "kit"), str(inside / "kit"),
+                  "--tmpfs", str(inside / "impl"), "--tmpfs", str(inside / "swork")]
+        cmd = _bwrap(roots, mounts, str(inside / "work"), 61000 + slot if root else None) + cmd
+    elif root:
+        drop_uid = 61000 + slot
+    labs = {j["lab"]: sorted(p.name for p in (scratch / "impl" / j["lab"]).iterdir() if p.is_dir())
+            for j in jobs}
+    children = _LabProcesses(scratch, inside, limits, mode, slot, lab_env, labs)
     out_chunks: list[bytes] = []
     res_chunks: list[bytes] = []
     flags: dict = {}
     start = time.monotonic()
+    _undumpable()
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            pass_fds=(w_fd,), cwd=str(scratch / "work"), env=env, start_new_session=True,
-                            preexec_fn=lambda: _limit_self(limits, mode == "bwrap" and os.geteuid() == 0))
+                            pass_fds=(w_fd, ctl_theirs.fileno()), cwd=str(scratch / "work"), env=env,
+                            start_new_session=True,
+                            preexec_fn=lambda: _limit_self(limits, mode == "bwrap" and root, drop_uid))
     os.close(w_fd)
+    ctl_theirs.close()
     results = os.fdopen(r_fd, "rb")
-    t_out = threading.Thread(target=_drain, args=(proc.stdout, limits.max_output_kb * 1024, out_chunks, flags), daemon=True)
-    t_res = threading.Thread(target=_drain, args=(results, 64 * 1024 * 1024, res_chunks, {}), daemon=True)
-    t_out.start()
-    t_res.start()
+    threads = [threading.Thread(target=_drain, args=(proc.stdout, limits.max_output_kb * 1024, out_chunks, flags),
+                                daemon=True),
+               threading.Thread(target=_drain, args=(results, 64 * 1024 * 1024, res_chunks, {}), daemon=True),
+               threading.Thread(target=children.serve, args=(ctl_ours,), daemon=True)]
+    for t in threads:
+        t.start()
     try:
         proc.stdin.write(token.encode() + b"\n")
         proc.stdin.close()
@@ -214,36 +425,50 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
             proc.wait()
             break
         time.sleep(0.05)
-    t_out.join(timeout=5)
-    t_res.join(timeout=5)
+    for t in threads[:2]:
+        t.join(timeout=5)
+    ctl_ours.close()
+    threads[2].join(timeout=5)
+    children.stop_all()
     results.close()
     raw = RawRun(output=b"".join(out_chunks).decode("utf-8", "replace"), killed=killed,
                  returncode=proc.returncode, seconds=time.monotonic() - start, isolation=mode)
     for j in jobs:
-        log = scratch / "logs" / f"{j['lab']}.txt"
+        log = scratch / "slogs" / f"{j['lab']}.txt"
         if log.is_file():
             size = log.stat().st_size
             with open(log, "rb") as fh:
                 raw.lab_output[j["lab"]] = fh.read(limits.max_output_kb * 1024).decode("utf-8", "replace")
             raw.lab_output_bytes[j["lab"]] = size
-    prefix_tok = token + " "
     for line in b"".join(res_chunks).decode("utf-8", "replace").splitlines():
-        if line.startswith(prefix_tok):  # anything without the token was not written by the boot script
-            try:
-                raw.events.append(_same_paths(json.loads(line[len(prefix_tok):]), str(inside)))
-            except json.JSONDecodeError:
-                continue
+        event = protocol.decode(line, token)  # anything else was not written by the test process
+        if event is None:
+            raw.dropped += 1
+        else:
+            raw.events.append(_same_paths(event, str(inside)))
     return raw
 
 
-def _same_paths(event: dict, inside: str) -> dict:
+def _undumpable() -> None:
+    """The grader itself: no process of its user may read its memory or trace it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+    except (OSError, AttributeError):
+        pass
+
+
+def _same_paths(event: protocol.Event, inside: str) -> protocol.Event:
     """Messages name the scratch folder as ``/sandbox`` whatever the isolation: the same
     submission gets the same result, and no path of the grading machine reaches feedback."""
     if inside == SANDBOX_ROOT:
         return event
-    return {k: v.replace(inside, SANDBOX_ROOT) if isinstance(v, str) else v for k, v in event.items()}
+    return dataclasses.replace(event, **{f.name: getattr(event, f.name).replace(inside, SANDBOX_ROOT)
+                                         for f in dataclasses.fields(event) if isinstance(getattr(event, f.name), str)})
 
 
 def boot_files() -> dict[str, Path]:
     """The files copied into every scratch ``kit/`` folder."""
-    return {"_grader_boot.py": HERE / "boot.py", "_grader_plugin.py": HERE / "plugin.py"}
+    return {"_grader_boot.py": HERE / "boot.py", "_grader_plugin.py": HERE / "plugin.py",
+            "_grader_protocol.py": HERE / "protocol.py", "_grader_labserver.py": HERE / "labserver.py"}

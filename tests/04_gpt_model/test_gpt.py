@@ -5,18 +5,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gptkit.testing import assert_close, assert_float32, lab, load_fixture, raises_clearly
+from gptkit.testing import assert_close, assert_float32, lab, load_fixture, raises_clearly, stored_diagnoses
 from gptkit.testing.parameters import set_parameters
 
 G = lab("gpt")
 LAB = "04_gpt_model"
 D, H, F = 12, 3, 20  # the fixtures' sizes: d_head = 4
 
-WRONG_ORDER = "q, k, v cut from c_attn's output in the wrong order (GPT-2's order is q, then k, then v)"
-INTERLEAVED = "heads interleaved (head h must own the contiguous columns h·d_head … (h+1)·d_head-1)"
-MERGE_WRONG = "heads merged in the wrong order (move the head axis back next to d_head, then reshape)"
-SCALE_D_MODEL = "scores scaled by 1/√d_model instead of 1/√d_head (each head has width d_head)"
-NO_SCALE = "scores not scaled by 1/√d_head"
+# A failing comparison names the catalogued mistake it matches: the fixtures store what each
+# bug in solutions/04_gpt_model/bugs.toml that lists the case in `diagnose` outputs, with
+# the bug's concept as its label (`stored_diagnoses`).
 
 
 def _params(f, prefix="param."):
@@ -53,7 +51,7 @@ def test_split_heads_gives_each_head_its_columns():
     f = load_fixture(LAB, "heads")
     out = layer.split_heads(f["x"])
     assert_close(out, f["split"], what="split_heads(x) for x (2, 5, 12), 3 heads", atol=0, rtol=0,
-                 diagnoses={INTERLEAVED: f["split_interleaved"]},
+                 diagnoses=stored_diagnoses(f, "split"),
                  hint="(B, T, D) → (B, H, T, d_head): head h gets columns h·d_head … (h+1)·d_head-1 of x")
 
 
@@ -71,7 +69,8 @@ def test_merge_heads_puts_head_h_back_at_its_columns():
         if not np.array_equal(merged[:, :, c], x[:, h, :, j]):
             raise AssertionError(
                 f"merge_heads: column {c} of the output must hold head {h}'s column {j}, but it holds "
-                f"other values: {MERGE_WRONG}")
+                "other values: the heads are put back in the wrong order (move the head axis back next to "
+                "d_head, then reshape)")
 
 
 @given(st.integers(1, 4), st.integers(1, 5), st.integers(1, 6), st.integers(1, 3))
@@ -92,7 +91,7 @@ def test_attend_matches_reference():
     f = load_fixture(LAB, "attend")
     out = layer.attend(f["q"], f["k"], f["v"])
     assert_close(out, f["out"], what="attend(q, k, v) for 3 heads of width 4, T = S = 7",
-                 diagnoses={SCALE_D_MODEL: f["out_scale_d_model"], NO_SCALE: f["out_no_scale"]},
+                 diagnoses=stored_diagnoses(f, "out"),
                  hint="softmax(q·kᵀ/√d_head + causal mask) @ v, for every batch row and head at once")
     assert_float32(out, "attend output")
 
@@ -127,9 +126,7 @@ def test_multi_head_attention_matches_reference():
     layer, f = _mha()
     out = layer(f["x"])
     assert_close(out, f["out"], what="MultiHeadAttention(12, 3) on x (2, 6, 12)",
-                 diagnoses={WRONG_ORDER: f["out_wrong_order"], INTERLEAVED: f["out_interleaved"],
-                            MERGE_WRONG: f["out_merge_wrong"], SCALE_D_MODEL: f["out_scale_d_model"],
-                            NO_SCALE: f["out_no_scale"]},
+                 diagnoses=stored_diagnoses(f, "out"),
                  hint="c_attn → split into q, k, v (blocks of width D) → split_heads → attend → "
                       "merge_heads → c_proj")
     assert_float32(out, "MultiHeadAttention output")
@@ -164,9 +161,7 @@ def test_block_matches_reference():
     block, f = _block()
     out = block(f["x"])
     assert_close(out, f["out"], what="TransformerBlock(12, 3, 20) on x (2, 6, 12)",
-                 diagnoses={"a post-norm block (LayerNorm after the residual add); GPT-2 is pre-norm: "
-                            "x + attn(ln_1(x)), then x + mlp(ln_2(x))": f["out_post_norm"],
-                            "a block without its residual connections (x + …)": f["out_no_residual"]},
+                 diagnoses=stored_diagnoses(f, "out"),
                  hint="pre-norm: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))")
     assert_float32(out, "TransformerBlock output")
 
@@ -177,9 +172,7 @@ def test_model_logits_match_reference():
     model, f = _model()
     logits = model(f["ids"])
     assert_close(logits, f["logits"], what="GPTModel logits (2 layers, V=40, D=12) for ids (2, 7)",
-                 diagnoses={"a model without the final LayerNorm ln_f": f["logits_no_ln_f"],
-                            "positions 1…T instead of 0…T-1 (positional embedding off by one)": f["logits_pos_off_by_one"],
-                            "a model without positional embeddings": f["logits_no_positions"]},
+                 diagnoses=stored_diagnoses(f, "logits"),
                  hint="wte(ids) + wpe(T) → blocks → ln_f → @ wte.weight.T")
     assert_float32(logits, "GPTModel logits")
 
@@ -194,8 +187,7 @@ def test_model_handles_max_seq_len_tokens():
 def test_output_head_is_tied_and_not_transposed():
     model, f = _model("model_square")
     assert_close(model(f["ids"]), f["logits"], what="GPTModel logits when vocab_size = d_model = 12",
-                 diagnoses={"logits = x @ wte.weight: the output head is transposed "
-                            "(it must be x @ wte.weight.T, shape (D, V))": f["logits_transposed_head"]},
+                 diagnoses=stored_diagnoses(f, "logits"),
                  hint="if test_model_logits_match_reference passes, the head is the suspect: it is tied, "
                       "logits = ln_f(x) @ wte.weight.T, one score per vocabulary row")
 

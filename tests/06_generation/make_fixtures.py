@@ -9,53 +9,26 @@ own top-k / top-p / temperature processors' output, and ``torch``'s log-softmax 
 cross-entropy.
 
 A failing test names the mistake it sees, so the fixtures also hold what each mistake
-would produce: for the deterministic functions, the output of the reference solution
-with a catalogued bug applied (``solutions/06_generation/bugs.toml``, applied here exactly
-as ``grader catalogue`` does); for the samplers, the distribution a mistake draws from.
-Every such diagnosis is checked to differ from the right answer.
+would produce: for the deterministic functions, the output of the reference solution with
+each bug of ``solutions/06_generation/bugs.toml`` whose ``diagnose`` names the case
+(``cache``, ``greedy``, ``beam``, ``loss``) applied, by ``grader.fixtures.diagnoses``; for
+the samplers, the distribution a mistake draws from. Every such diagnosis is checked to
+differ from the right answer.
 """
-
-import importlib.util
-import tomllib
-from pathlib import Path
 
 import numpy as np
 
 from gptkit.checkpoints import GPT2Shape, hf_model, random_gpt2_state
+from grader.fixtures import bugged, diagnoses, differs
 
 NEEDS_TORCH = True
+LAB = "06_generation"
 
 SHAPE = GPT2Shape(vocab_size=48, d_model=16, num_layers=2, num_heads=2, max_seq_len=24)
 CHUNKS = [5, 1, 1, 2, 1, 3, 1, 10]  # the KV-cache tests feed the 24 tokens in these pieces
 PAD = 47  # the padding id of the loss fixtures (a real vocabulary id, as GPT-2's EOS-as-pad is)
 # Beam-search settings: (num_beams, max_new_tokens, length_penalty, with an EOS?)
 BEAMS = {"a": (3, 8, 1.0, False), "b": (4, 10, 1.0, True), "c": (3, 12, 2.0, True), "d": (2, 9, 0.5, True)}
-
-
-# -- the reference with one catalogued bug ---------------------------------------------------
-
-def _with_bug(bug_id: str):
-    """The reference module ``generation`` with the catalogue's bug ``bug_id`` applied."""
-    import generation
-
-    source_file = Path(generation.__file__)
-    catalogue = tomllib.loads((source_file.parent / "bugs.toml").read_text(encoding="utf-8"))
-    (bug,) = [b for b in catalogue["bug"] if b["id"] == bug_id]
-    text = source_file.read_text(encoding="utf-8")
-    for edit in bug.get("edits") or [{"find": bug["find"], "replace": bug["replace"]}]:
-        assert edit.get("file", bug["file"]) == "generation.py" and text.count(edit["find"]) == 1, bug_id
-        text = text.replace(edit["find"], edit["replace"])
-    spec = importlib.util.spec_from_loader(f"generation_with_{bug_id.replace('-', '_')}", loader=None)
-    module = importlib.util.module_from_spec(spec)
-    exec(compile(text, f"<generation.py with {bug_id}>", "exec"), module.__dict__)
-    return module
-
-
-def _differs(expected, diagnosis, name, atol=1e-4):
-    expected, diagnosis = np.asarray(expected), np.asarray(diagnosis)
-    same = expected.shape == diagnosis.shape and np.allclose(expected, diagnosis, atol=atol, rtol=1e-4, equal_nan=True)
-    assert not same, f"the diagnosis {name} gives the right answer: the fixture cannot tell it apart"
-    return diagnosis
 
 
 # -- HuggingFace -----------------------------------------------------------------------------
@@ -107,9 +80,7 @@ def _cache_case(gen, model, hf, params, rng):
     gen.forward_with_cache(model, ids[:, : CHUNKS[0]], cache)
     case = {"ids": ids, "chunks": np.array(CHUNKS), "logits": logits,
             "keys0": cache.keys[0][:, :, : CHUNKS[0]].copy(), "values1": cache.values[1][:, :, : CHUNKS[0]].copy()}
-    for bug in ("cache-position-offset-missing", "cache-not-updated", "cache-length-not-advanced"):
-        case[f"logits_{bug}"] = _differs(logits, stepwise(_with_bug(bug)), bug)
-    return {**case, **params}
+    return {**case, **diagnoses(LAB, "cache", case, lambda g: {"logits": stepwise(g)}, "generation"), **params}
 
 
 def _eos_that_ends_rows(gen, model, prompt, n):
@@ -134,7 +105,6 @@ def _greedy_case(gen, model, hf, rng):
     greedy_eos = _hf_generate(hf, prompt, n, eos=eos)
     assert np.array_equal(gen.generate(model, prompt, n, temperature=0), greedy)
     assert np.array_equal(gen.generate(model, prompt, n, temperature=0, eos_token_id=eos), greedy_eos)
-    ignored = _with_bug("generate-eos-ignored").generate(model, prompt, n, temperature=0, eos_token_id=eos)
     # one row repeated: the first new token's distribution, for the statistical tests of generate
     import torch
 
@@ -145,10 +115,11 @@ def _greedy_case(gen, model, hf, rng):
     def probs(x):
         return softmax(x, axis=-1).astype(np.float64)
 
-    return {"prompt": prompt, "greedy": greedy, "eos": np.int64(eos), "greedy_eos": greedy_eos,
-            "greedy_eos_ignored": _differs(greedy_eos, ignored, "generate-eos-ignored"),
+    case = {"prompt": prompt, "greedy": greedy, "eos": np.int64(eos), "greedy_eos": greedy_eos,
             "next_probs": probs(last[0]),
             "next_probs_t05_k5": probs(gen.top_k_filter(gen.apply_temperature(last[0], 0.5), 5))}
+    return {**case, **diagnoses(LAB, "greedy", case, lambda g: {
+        "greedy_eos": g.generate(model, prompt, n, temperature=0, eos_token_id=eos)}, "generation")}
 
 
 def _beam_eos(gen, model, prompt, nb, n, lp, must_differ=()):
@@ -173,27 +144,23 @@ def _beam_eos(gen, model, prompt, nb, n, lp, must_differ=()):
 
 def _beam_case(gen, model, hf, rng):
     prompt = rng.integers(0, SHAPE.vocab_size, (2, 3))
-    case = {"prompt": prompt}
-    bugs = ("beam-scores-not-accumulated", "beam-cache-not-reordered", "length-penalty-counts-prompt",
-            "beam-eos-ignored", "beam-never-stops-early")
-    variants = {bug: _with_bug(bug) for bug in bugs}
-    caught = {bug: False for bug in bugs}
+    case, searches = {"prompt": prompt}, {}
+    # with a length penalty above 1, a row's early stop changes the result: make it show
+    never_stops = bugged(LAB, "beam-never-stops-early", "generation")
     for name, (nb, n, lp, with_eos) in BEAMS.items():
-        # with a length penalty above 1, a row's early stop changes the result: make it show
-        must = [variants["beam-never-stops-early"]] if lp > 1 else []
-        eos = _beam_eos(gen, model, prompt, nb, n, lp, must) if with_eos else None
+        eos = _beam_eos(gen, model, prompt, nb, n, lp, [never_stops] if lp > 1 else []) if with_eos else None
         out = _hf_generate(hf, prompt, n, num_beams=nb, eos=eos, length_penalty=lp)
         mine = gen.beam_search(model, prompt, nb, n, eos_token_id=eos, length_penalty=lp)
         assert mine.shape == out.shape and np.array_equal(mine, out), f"beam {name}: the reference differs from HF"
         case.update({f"{name}_num_beams": np.int64(nb), f"{name}_max_new_tokens": np.int64(n),
                      f"{name}_length_penalty": np.float64(lp), f"{name}_eos": np.int64(-1 if eos is None else eos),
                      f"{name}_out": out})
-        for bug, module in variants.items():
-            wrong = module.beam_search(model, prompt, nb, n, eos_token_id=eos, length_penalty=lp)
-            case[f"{name}_out_{bug}"] = wrong
-            caught[bug] |= wrong.shape != out.shape or not np.array_equal(wrong, out)
-    assert all(caught.values()), f"no beam-search setting shows these mistakes: {[b for b, c in caught.items() if not c]}"
-    return case
+        searches[name] = dict(num_beams=nb, max_new_tokens=n, eos_token_id=eos, length_penalty=lp)
+
+    def outputs(g):
+        return {f"{name}_out": g.beam_search(model, prompt, **kw) for name, kw in searches.items()}
+
+    return {**case, **diagnoses(LAB, "beam", case, outputs, "generation")}
 
 
 def _loss_case(gen, model, hf, rng):
@@ -206,12 +173,9 @@ def _loss_case(gen, model, hf, rng):
             "loss_padded": _hf_loss(hf, padded, PAD), "loss_full": _hf_loss(hf, full)}
     assert abs(gen.next_token_loss(model, padded, PAD) - case["loss_padded"]) < 1e-5
     assert abs(gen.next_token_loss(model, full) - case["loss_full"]) < 1e-5
-    for bug in ("loss-wrong-shift", "padding-counted-in-loss", "loss-mean-per-row"):
-        case[f"loss_padded_{bug}"] = _differs(case["loss_padded"], _with_bug(bug).next_token_loss(model, padded, PAD),
-                                              bug, atol=1e-5)
-    case["loss_full_loss-wrong-shift"] = _differs(case["loss_full"], _with_bug("loss-wrong-shift").next_token_loss(
-        model, full), "loss-wrong-shift", atol=1e-5)
-    return case
+    return {**case, **diagnoses(LAB, "loss", case, lambda g: {
+        "loss_padded": g.next_token_loss(model, padded, PAD), "loss_full": g.next_token_loss(model, full)},
+        "generation")}
 
 
 def _cross_entropy_case(gen, rng):
@@ -286,7 +250,8 @@ def _sampling_case(gen, rng):
     for name, (expected, mistakes) in settings.items():
         case[f"probs_{name}"] = expected
         for mistake, p in mistakes.items():
-            case[f"probs_{name}_{mistake}"] = _differs(expected, p, f"{name}/{mistake}", atol=1e-3)
+            assert differs(expected, p, tol=1e-3), f"the mistake {name}/{mistake} draws from the right distribution"
+            case[f"probs_{name}_{mistake}"] = p
     return case
 
 

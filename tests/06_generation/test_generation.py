@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gptkit.testing import assert_close, assert_float32, explains_errors, lab, load_fixture, raises_clearly
+from gptkit.testing import (assert_close, assert_float32, diagnosis_label, explains_errors, lab, load_fixture,
+                            raises_clearly, same_object, shares_memory, stored_diagnoses)
 from gptkit.testing.parameters import set_parameters
 
 S = lab("generation")
@@ -33,26 +34,10 @@ P_ONE_TOO_FEW = ("top-p keeping one token too few: the token whose probability t
                  "or past it belongs to the nucleus")
 P_BEFORE_T = "top-p applied before the temperature (the order is temperature, top-k, top-p)"
 FIRST_ROW = "the first row's probabilities: every row must be drawn from its own row of logits"
-NO_OFFSET = ("positions restarting at 0 in every call: the new tokens sit at positions cache.length … "
-             "(the position offset of wpe)")
-NOT_STORED = ("a cache that never stores anything: each call attends only to its own new tokens; "
-              "KVCache.update must write k and v into the buffers")
-NOT_ADVANCED = "a cache whose cache.length never grows: every call writes over position 0 onwards"
-EOS_IGNORED = "EOS ignored: a row that emitted eos_token_id went on generating"
-NOT_ACCUMULATED = ("beam scores not accumulated: a candidate's score is its beam's score plus the new "
-                   "token's log-probability")
-NOT_REORDERED = ("the KV cache not reordered after choosing the beams: each new beam must continue with "
-                 "its parent's keys and values (KVCache.reorder)")
-PENALTY_WITH_PROMPT = ("a length penalty counting the prompt: the length is the number of generated tokens, "
-                       "EOS included")
-BEAM_EOS_IGNORED = "hypotheses that never end at EOS: a candidate whose token is EOS ends a hypothesis"
-NO_EARLY_STOP = ("a beam search that never stops a row early: once a row has num_beams finished hypotheses and "
-                 "its best running beam, scored at its current length, is no better than the worst of them, the "
-                 "row is done and takes no more hypotheses")
-WRONG_SHIFT = "targets shifted the wrong way: the logits at position t must score the token at t+1"
-PAD_COUNTED = "padding counted in the loss: targets equal to pad_id are ignored"
-ROW_MEANS = ("the mean of each row's mean: every target token weighs the same, however many tokens its "
-             "row has")
+
+# The catalogued mistakes of the KV cache, generate, beam search and the loss are named by
+# the fixtures: each stores what a bug of solutions/06_generation/bugs.toml outputs on it,
+# labelled with the bug's concept (stored_diagnoses).
 OVERFLOW_HINT = "exp() overflows float32 above about 88: subtract each row's max before exponentiating"
 
 
@@ -466,7 +451,7 @@ def test_every_token_weighs_the_same():
     row_means = np.nanmean(np.nanmean(per_token, axis=1))
     assert_close(np.asarray(total), np.float32(np.mean(singles)),
                  what="cross_entropy of a batch vs the mean of each token's own cross_entropy",
-                 diagnoses={ROW_MEANS: np.float32(row_means)},
+                 diagnoses={diagnosis_label(load_fixture(LAB, "loss"), "loss-mean-per-row"): np.float32(row_means)},
                  hint="average over the target tokens that are not ignored, all rows together")
 
 
@@ -499,7 +484,7 @@ def test_next_token_loss_matches_huggingface():
     f = load_fixture(LAB, "loss")
     loss = S.next_token_loss(model, f["full"])
     assert_close(np.asarray(loss), _scalar(f["loss_full"]), what="next_token_loss vs HuggingFace model(ids, labels=ids).loss",
-                 diagnoses={WRONG_SHIFT: _scalar(f["loss_full_loss-wrong-shift"])},
+                 diagnoses={label: _scalar(v) for label, v in stored_diagnoses(f, "loss_full").items()},
                  hint="cross_entropy(logits[:, :-1], token_ids[:, 1:])")
     assert_float32(loss, "next_token_loss")
 
@@ -511,9 +496,7 @@ def test_next_token_loss_ignores_padding():
     assert_close(np.asarray(loss), _scalar(f["loss_padded"]),
                  what="next_token_loss of rows of 10, 7 and 4 tokens right-padded with pad_id=47 vs HuggingFace "
                       "(labels -100 on the padding)",
-                 diagnoses={WRONG_SHIFT: _scalar(f["loss_padded_loss-wrong-shift"]),
-                            PAD_COUNTED: _scalar(f["loss_padded_padding-counted-in-loss"]),
-                            ROW_MEANS: _scalar(f["loss_padded_loss-mean-per-row"])},
+                 diagnoses={label: _scalar(v) for label, v in stored_diagnoses(f, "loss_padded").items()},
                  hint="targets equal to pad_id are ignored, and the mean is over the remaining tokens")
 
 
@@ -522,7 +505,8 @@ def test_perplexity_is_the_exponential_of_the_loss():
     f = load_fixture(LAB, "loss")
     ppl = S.perplexity(model, f["full"])
     assert_close(np.asarray(ppl), np.exp(_scalar(f["loss_full"])), what="perplexity vs exp(HuggingFace's loss)",
-                 diagnoses={WRONG_SHIFT: np.exp(_scalar(f["loss_full_loss-wrong-shift"]))}, hint="perplexity = exp(loss)")
+                 diagnoses={label: np.exp(_scalar(v)) for label, v in stored_diagnoses(f, "loss_full").items()},
+                 hint="perplexity = exp(loss)")
     assert_float32(ppl, "perplexity")
 
     def know_nothing(ids):  # equal logits for every token
@@ -570,9 +554,7 @@ def test_cached_logits_equal_the_full_forward_pass():
     chunks = ", ".join(map(str, f["chunks"].tolist()))
     assert_close(logits, f["logits"], what=f"logits of 24 tokens fed through the cache in pieces of {chunks} vs the "
                  "full forward pass (HuggingFace)", atol=1e-4,
-                 diagnoses={NO_OFFSET: f["logits_cache-position-offset-missing"],
-                            NOT_STORED: f["logits_cache-not-updated"],
-                            NOT_ADVANCED: f["logits_cache-length-not-advanced"]},
+                 diagnoses=stored_diagnoses(f, "logits"),
                  hint="the largest difference's index is (row, position, token): the position tells which "
                       "call went wrong first when the earlier positions match")
     assert_float32(logits, "forward_with_cache logits")
@@ -606,7 +588,7 @@ def test_cache_stores_keys_and_values_in_its_buffers():
     buffers = [*cache.keys, *cache.values]
     n = int(f["chunks"][0])
     S.forward_with_cache(model, f["ids"][:, :n], cache)
-    assert all(a is b for a, b in zip(buffers, [*cache.keys, *cache.values])), (
+    assert all(same_object(a, b) for a, b in zip(buffers, [*cache.keys, *cache.values])), (
         "forward_with_cache replaced the cache's buffers: they are allocated once (B, H, max_seq_len, d_head) "
         "and written in place")
     assert_close(cache.keys[0][:, :, :n], f["keys0"], what=f"cache.keys[0][:, :, :{n}] after a prompt of {n} tokens",
@@ -631,7 +613,7 @@ def test_update_writes_at_length_and_returns_views():
     assert_close(keys, np.concatenate([k1, k2], axis=2), what="keys returned after storing 2 more at length=3",
                  atol=0, rtol=0, hint="the new keys go at positions length … length+T-1, after the cached ones")
     assert_close(values, np.concatenate([v1, v2], axis=2), what="values returned after storing 2 more", atol=0, rtol=0)
-    assert np.shares_memory(keys, cache.keys[1]) and np.shares_memory(values, cache.values[1]), (
+    assert shares_memory(keys, cache.keys[1]) and shares_memory(values, cache.values[1]), (
         "KVCache.update must return views of its buffers (slices), not copies")
     assert not cache.keys[0].any(), "KVCache.update(1, …) must only write block 1's buffers"
 
@@ -691,7 +673,7 @@ def test_greedy_generate_stops_at_eos():
     out = S.generate(model, f["prompt"], n, temperature=0, eos_token_id=eos)
     _assert_tokens(out, f["greedy_eos"],
                    f"generate(temperature=0, eos_token_id={eos}) vs HuggingFace generate(pad_token_id={eos})",
-                   diagnoses={EOS_IGNORED: f["greedy_eos_ignored"]},
+                   diagnoses=stored_diagnoses(f, "greedy_eos"),
                    hint="after a row emits EOS it only emits EOS, and generation stops once every row has")
 
 
@@ -746,11 +728,6 @@ def test_generate_edge_cases():
 
 # --- beam search ----------------------------------------------------------------------------------
 
-BEAM_DIAGNOSES = {"beam-scores-not-accumulated": NOT_ACCUMULATED, "beam-cache-not-reordered": NOT_REORDERED,
-                  "length-penalty-counts-prompt": PENALTY_WITH_PROMPT, "beam-eos-ignored": BEAM_EOS_IGNORED,
-                  "beam-never-stops-early": NO_EARLY_STOP}
-
-
 @pytest.mark.parametrize("setting", ["a", "b", "c", "d"])
 def test_beam_search_matches_huggingface(setting):
     model = _model()
@@ -762,7 +739,7 @@ def test_beam_search_matches_huggingface(setting):
     _assert_tokens(out, f[f"{setting}_out"],
                    f"beam_search(num_beams={nb}, max_new_tokens={n}, eos_token_id={eos}, length_penalty={lp}) vs "
                    f"HuggingFace generate(num_beams={nb}, do_sample=False)",
-                   diagnoses={label: f[f"{setting}_out_{bug}"] for bug, label in BEAM_DIAGNOSES.items()},
+                   diagnoses=stored_diagnoses(f, f"{setting}_out"),
                    hint="see beam_search's docstring for when a hypothesis ends, how it is scored and when the "
                         "search stops")
     assert out.dtype == np.int64, f"beam_search must return int64 token ids, got {out.dtype}"

@@ -12,7 +12,7 @@ from grader.sandbox.runner import Limits
 
 ALICE = KIT_ROOT / "examples" / "submissions" / "alice"
 LABS = ["01", "02", "03"]
-FAST = Limits(wall_seconds=120, lab_seconds=25, test_seconds=2, memory_mb=1024)
+FAST = Limits(wall_seconds=180, lab_seconds=60, test_seconds=2, memory_mb=1024, test_wall_backstop=15)
 
 
 @pytest.fixture(scope="session")
@@ -31,6 +31,20 @@ def lax_grader(tmp_path_factory):
     (g.out_dir / ".scratch").mkdir(parents=True, exist_ok=True)
     g.prepare()
     return g
+
+
+@pytest.fixture(scope="session")
+def two_lab_graders(tmp_path_factory):
+    """Labs 01–02, with the static policy on and off (off: the process split and the
+    sandbox alone stand between lab code and the score)."""
+    out = {}
+    for mode, enforce in (("policy", True), ("no-policy", False)):
+        g = Grader(tmp_path_factory.mktemp(f"grading-{mode}"), ["01", "02"], limits=FAST, log=lambda *_: None,
+                   enforce_policy=enforce)
+        (g.out_dir / ".scratch").mkdir(parents=True, exist_ok=True)
+        g.prepare()
+        out[mode] = g
+    return out
 
 
 @pytest.fixture

@@ -171,7 +171,7 @@ def test_sandbox_os_exit_in_a_test_only_costs_that_lab(lax_grader, make_submissi
     r = lax_grader.grade("s", sub)
     assert r.labs[L1].points < full_marks[L1] / 2
     assert r.labs[L2].points == full_marks[L2] and r.labs[L3].points == full_marks[L3]
-    assert "ended abnormally" in all_flags_text(r) or any("died" in t.message for t in r.labs[L1].tests)
+    assert "process ended" in all_flags_text(r), all_flags_text(r)
 
 
 def test_sandbox_fake_equal_objects_score_nothing(lax_grader, make_submission):

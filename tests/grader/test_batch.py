@@ -81,10 +81,41 @@ def test_killed_batch_resumes_without_regrading(tmp_path):
     assert not regraded, f"students graded twice: {regraded}"
 
 
+def _verdicts(r):
+    return {lab: [(t.nodeid, t.outcome, t.points, t.message) for t in lr.tests] for lab, lr in r.labs.items()}
+
+
 def test_same_submission_same_result(grader):
     a = grader.grade("a", EXAMPLES / "carol.zip")
     b = grader.grade("b", EXAMPLES / "carol.zip")
-    strip = lambda r: {lab: [(t.nodeid, t.outcome, t.points, t.message) for t in lr.tests]  # noqa: E731
-                       for lab, lr in r.labs.items()}
-    assert strip(a) == strip(b) and a.total == b.total
+    assert _verdicts(a) == _verdicts(b) and a.total == b.total
     assert 0 < a.total < 30
+
+
+# Lab 01 that is slow everywhere (a fixed amount of pure-Python work in every softmax) and
+# never finishes its self-attention: its verdicts sit near the time limit on purpose.
+SLOW = "    _burn = sum(i * i for i in range(200_000))\n"
+LOOP = "        while x is not None:\n            pass\n"
+DOC = '        """x (B, T, D) → (out (B, T, D), weights (B, T, T)); token t sees tokens ≤ t."""\n'
+
+
+def test_same_result_idle_and_under_load(grader, make_submission):
+    """The per-test limit counts the lab code's CPU time, so three CPU-bound processes on this
+    machine's cores change no verdict (a wall-clock limit would turn slow tests into timeouts)."""
+    sub = make_submission(edits={"01_causal_mask/causal_mask.py": [
+        ("    m = x.max(axis=axis, keepdims=True)\n", SLOW + "    m = x.max(axis=axis, keepdims=True)\n"),
+        (DOC, DOC + LOOP)]})
+    idle = grader.grade("idle", sub)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+    try:
+        loaded = grader.grade("loaded", sub)
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+    assert _verdicts(idle) == _verdicts(loaded)
+    tests = idle.labs["01_causal_mask"].tests
+    slow_passed = [t for t in tests if t.outcome == "passed" and "softmax" in t.nodeid]
+    timed_out = [t for t in tests if "TestTimeLimit" in t.message]
+    assert slow_passed and timed_out, "the submission must have both slow passing tests and timeouts"
+    assert loaded.seconds > 0 and idle.labs["02_embeddings"].points == grader.rubric["02_embeddings"].points

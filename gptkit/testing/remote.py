@@ -1,0 +1,442 @@
+"""The test process's side of grading: lab code lives in another process.
+
+When the grader runs a lab's tests, ``lab("module")`` (``loader.py``) hands out stand-ins
+from this module instead of the student's real module. Every attribute read, call,
+index or assignment on a stand-in becomes a request to the process that holds the lab
+code (``grader/sandbox/labserver.py``), in plain data (``wire.py``); what comes back is
+plain data too (arrays, numbers, strings, lists, tuples, dicts) or a handle, which
+becomes another stand-in. The test process never imports or runs student code, and
+student code never sees the test process: no shared memory, no results pipe, no tests.
+
+Time: each test may use ``budget`` seconds of CPU time in the lab process, counted by
+the kernel (asked of the grader), so a busy machine does not change a verdict. A
+wall-clock backstop, far above the budget, catches lab code that only sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import time
+import weakref
+
+import numpy as np
+
+from gptkit.testing import wire
+
+
+class TestTimeLimit(BaseException):
+    """A test ran past its time limit (a BaseException, so nothing in a test swallows it)."""
+
+    __test__ = False
+
+
+class LabProcessDied(Exception):
+    """The process running the lab code ended in the middle of a request."""
+
+
+class NotPlainData(Exception):
+    """Lab code returned something that is not plain data (a subclass of ndarray, an object
+    with its own comparison). Not a TypeError: a test expecting one must not be satisfied."""
+
+
+class LabCodeError(Exception):
+    """Lab code raised something that is not an ordinary exception (SystemExit, …)."""
+
+
+# Exceptions lab code raises that are rebuilt here by type (anything else: LabCodeError).
+ERRORS = {cls.__name__: cls for cls in (
+    ValueError, TypeError, IndexError, KeyError, LookupError, AttributeError, NotImplementedError, AssertionError,
+    ArithmeticError, ZeroDivisionError, FloatingPointError, OverflowError, RuntimeError, RecursionError,
+    MemoryError, ImportError, ModuleNotFoundError, OSError, FileNotFoundError, IsADirectoryError,
+    NotADirectoryError, PermissionError, EOFError, StopIteration, UnicodeError, Exception)}
+
+MAX_RESTARTS = 5  # after this many deaths of the lab process in one lab, stop starting it again
+_active: "Remote | None" = None
+
+
+def active() -> "Remote | None":
+    return _active
+
+
+class RemoteObject:
+    """A stand-in for an object that lives in the lab process."""
+
+    __slots__ = ("_remote", "_handle", "_life", "__weakref__")
+
+    def __init__(self, remote: "Remote", handle: int, life: int):
+        object.__setattr__(self, "_remote", remote)
+        object.__setattr__(self, "_handle", handle)
+        object.__setattr__(self, "_life", life)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._remote.request("getattr", target=self, name=name)
+
+    def __setattr__(self, name, value):
+        self._remote.request("setattr", target=self, name=name, value=value)
+
+    def __call__(self, *args, **kwargs):
+        return self._remote.request("call", target=self, args=list(args), kwargs=kwargs)
+
+    def __getitem__(self, key):
+        return self._remote.request("getitem", target=self, key=key)
+
+    def __setitem__(self, key, value):
+        self._remote.request("setitem", target=self, key=key, value=value)
+
+    def __len__(self):
+        n = self._remote.request("len", target=self)
+        if type(n) is not int:
+            raise NotPlainData(f"len() of an object of the lab code gave {type(n).__name__}, not an int")
+        return n
+
+    def __iter__(self):
+        items = self._remote.request("list", target=self)
+        if not isinstance(items, list):
+            raise NotPlainData("iterating over an object of the lab code gave no list")
+        return iter(items)
+
+    def __repr__(self):
+        try:
+            d = self._remote.request("describe", target=self)
+            return str(d.get("repr")) if isinstance(d, dict) else "<lab object>"
+        except BaseException:  # noqa: BLE001 - a repr must not fail
+            return "<lab object>"
+
+    def __del__(self):
+        try:
+            self._remote.forget(self._handle, self._life)
+        except BaseException:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+def type_name(value) -> str:
+    """The type of a value as a student would name it (the lab-side class for stand-ins)."""
+    if isinstance(value, RemoteObject):
+        d = value._remote.request("describe", target=value)
+        return str(d.get("type")) if isinstance(d, dict) else "object"
+    return type(value).__name__
+
+
+class Remote:
+    """One lab's channel to its lab process, started (again) on demand by the grader."""
+
+    def __init__(self, ctl_fd: int, budget: float, wall: float, module_labs: dict[str, str], lab: str):
+        self.module_labs = module_labs  # "causal_mask" → "01_causal_mask" (for messages)
+        self.lab = lab
+        self.ctl = socket.socket(fileno=ctl_fd)
+        self.budget, self.wall = budget, wall
+        self.sock = None
+        self.reader = None
+        self.sid = None
+        self.life = 0  # which lab process: stand-ins of an earlier one are dead
+        self.restarts = 0
+        self.proxies: dict[int, weakref.ref] = {}
+        self.released: list[int] = []
+        self.modules: dict[str, RemoteObject] = {}
+        self.gens: dict[int, np.random.Generator] = {}  # ref → generator (ours > 0, theirs < 0)
+        self.gen_ref: dict[int, int] = {}  # id(generator) → ref
+        self.gen_sent: dict[int, dict] = {}  # ref → the state the lab process last knew
+        self.dropped: list[int] = []
+        self.next_ref = 1
+        self.test = 0
+        self.cpu_base = 0.0  # the lab process's CPU time when this test started
+        self.cpu_dead = 0.0  # CPU time this test spent in lab processes that have since ended
+        self.blocked: list[str] = []
+        self.origins: dict[int, tuple] = {}  # id(array) → (weakref, object id, first byte, end byte)
+        self.callbacks: dict[int, object] = {}  # functions of the tests that lab code may call back
+        self.died: str = ""
+
+    # -- the grader (host) --------------------------------------------------------------------
+    def _host(self, msg: dict, fds: int = 0):
+        self.ctl.sendall(json.dumps(msg).encode())
+        if fds:
+            data, got, _, _ = socket.recv_fds(self.ctl, 65536, fds)
+        else:
+            data, got = self.ctl.recv(65536), []
+        if not data:
+            raise LabProcessDied("the grader stopped answering")
+        reply = json.loads(data)
+        if "error" in reply:
+            for fd in got:
+                socket.socket(fileno=fd).close()
+            raise LabProcessDied(reply["error"])
+        return reply, got
+
+    def _cpu(self) -> float:
+        if self.sid is None:
+            return 0.0
+        reply, _ = self._host({"op": "cpu", "sid": self.sid})
+        return float(reply["cpu"])
+
+    def _start(self) -> None:
+        if self.restarts >= MAX_RESTARTS:
+            raise LabProcessDied(f"the lab code's process ended {MAX_RESTARTS} times; it is not started again")
+        if self.sid is not None:
+            self._stop()
+        reply, fds = self._host({"op": "spawn", "lab": self.lab}, fds=1)
+        self.sock = socket.socket(fileno=fds[0])
+        self.sock.settimeout(self.wall)
+        self.reader = wire.Reader(self.sock)
+        self.sid = reply["sid"]
+        self.life += 1
+        self.restarts += 1
+        self.cpu_base = 0.0
+        self.proxies.clear()
+        self.released.clear()
+        self.modules.clear()
+        self.gen_sent.clear()
+        self.dropped.clear()
+
+    def _stop(self, grace: float = 0.0) -> dict:
+        """End the current lab process; returns its exit status as the grader saw it."""
+        status = {}
+        if self.sid is not None:
+            try:
+                status, _ = self._host({"op": "kill", "sid": self.sid, "grace": grace})
+                self.cpu_dead += max(0.0, float(status.get("cpu", 0.0)) - self.cpu_base)
+            except (OSError, ValueError, LabProcessDied):
+                pass
+        if self.sock is not None:
+            self.sock.close()
+        self.sock = self.reader = self.sid = None
+        return status
+
+    def close(self) -> None:
+        self._stop()
+
+    # -- tests ----------------------------------------------------------------------------------
+    def begin_test(self) -> None:
+        self.test += 1
+        self.cpu_dead = 0.0
+        self.cpu_base = self._cpu() if self.sid is not None else 0.0
+        self.died = ""
+
+    def end_test(self) -> float:
+        """CPU seconds the lab code used during this test (the kernel's count)."""
+        used = self.cpu_dead + (max(0.0, self._cpu() - self.cpu_base) if self.sid is not None else 0.0)
+        self.dropped += list(self.gens)
+        self.callbacks.clear()
+        self.gens.clear()
+        self.gen_ref.clear()
+        return used
+
+    def take_blocked(self) -> list[str]:
+        out, self.blocked = self.blocked, []
+        return out
+
+    # -- stand-ins ------------------------------------------------------------------------------
+    def module(self, name: str) -> RemoteObject:
+        mod = self.modules.get(name) if self.sock is not None else None
+        if mod is None:
+            mod = self.request("import", module=name)
+            self.modules[name] = mod
+        return mod
+
+    def forget(self, handle: int, life: int) -> None:
+        if life == self.life:
+            self.released.append(handle)
+            self.proxies.pop(handle, None)
+
+    def _proxy(self, handle: int) -> RemoteObject:
+        ref = self.proxies.get(handle)
+        obj = ref() if ref is not None else None
+        if obj is None:
+            obj = RemoteObject(self, handle, self.life)
+            self.proxies[handle] = weakref.ref(obj)
+        return obj
+
+    def _generator(self, g: wire.GeneratorRef) -> np.random.Generator:
+        gen = self.gens.get(g.ref)
+        if gen is None:
+            gen = wire.make_generator(g.state)
+            self.gens[g.ref], self.gen_ref[id(gen)] = gen, g.ref
+        else:
+            gen.bit_generator.state = g.state
+        self.gen_sent[g.ref] = g.state
+        return gen
+
+    def _encode_other(self, value, enc: wire.Encoder):
+        if isinstance(value, RemoteObject):
+            if value._remote is not self or value._life != self.life:
+                raise LabProcessDied("this object belonged to a run of the lab code that has ended "
+                                     "(the process was restarted after it died)")
+            return {"$h": value._handle}
+        if type(value) is np.random.Generator:
+            ref = self.gen_ref.get(id(value))
+            if ref is None:
+                ref, self.next_ref = self.next_ref, self.next_ref + 1
+                self.gens[ref], self.gen_ref[id(value)] = value, ref
+            state = wire.generator_state(value)
+            self.gen_sent[ref] = state
+            return {"$g": [ref, enc(state)]}
+        if callable(value) and not isinstance(value, type):
+            key = len(self.callbacks) + 1
+            self.callbacks[key] = value
+            return {"$c": key}
+        raise wire.WireError(f"a test passed a {wire.type_name(value)} to lab code, which takes plain data only")
+
+    def _note_origin(self, arr: np.ndarray, where: list) -> None:
+        key = id(arr)
+        self.origins[key] = (weakref.ref(arr, lambda _r, k=key: self.origins.pop(k, None)), *where)
+
+    def origin(self, arr) -> tuple | None:
+        """(object id, first byte, end byte) of an array as it lives in the lab process."""
+        rec = self.origins.get(id(arr))
+        if rec is None or rec[0]() is not arr:
+            return None
+        return rec[1:]
+
+    # -- one request ----------------------------------------------------------------------------
+    def request(self, op: str, **fields):
+        __tracebackhide__ = True
+        if self.sock is None:
+            self._start()
+        sync = {}
+        for ref, gen in self.gens.items():
+            state = gen.bit_generator.state
+            if ref in self.gen_sent and state != self.gen_sent[ref]:
+                sync[ref] = state
+                self.gen_sent[ref] = state
+        enc = wire.Encoder(self._encode_other)
+        tree = enc({"op": op, **fields, "release": self.released, "drop_generators": self.dropped,
+                    "sync": sync, "test": self.test, "budget": self.budget})
+        sent = list(enc.arrays_seen)
+        self.released, self.dropped = [], []
+        try:
+            wire.send(self.sock, tree, enc.buffers)
+            while True:
+                self._wait(op)
+                dec = wire.Decoder(self.reader.read_into, self._proxy, self._generator, sent=sent,
+                                   provenance=self._note_origin)
+                reply = dec(self.reader.header())
+                if not (isinstance(reply, dict) and "cb" in reply):
+                    break
+                self._call_back(reply)  # lab code called a function the test passed it
+        except (OSError, EOFError, socket.timeout) as exc:
+            raise self._died(op, exc) from None
+        except wire.WireError as exc:
+            self._stop()
+            raise NotPlainData(f"the lab code's process sent a malformed answer ({exc}); it was restarted") from None
+        if not isinstance(reply, dict):
+            self._stop()
+            raise NotPlainData("the lab code's process sent a malformed answer; it was restarted")
+        return self._unpack(reply, sent)
+
+    def _call_back(self, req: dict) -> None:
+        fn = self.callbacks.get(req.get("cb"))
+        args, kwargs = req.get("args", []), req.get("kwargs", {})
+        try:
+            if fn is None or not isinstance(args, list) or not isinstance(kwargs, dict):
+                raise ValueError("lab code called back a function it was not given")
+            answer = {"cbr": {"v": fn(*args, **kwargs)}}
+        except Exception as exc:  # noqa: BLE001 - goes back to lab code as its exception
+            answer = {"cbr": {"e": {"type": type(exc).__name__ if type(exc).__name__ in ERRORS else "Exception",
+                                    "msg": str(exc)[:2000]}}}
+        enc = wire.Encoder(self._encode_other)
+        tree = enc(answer)
+        wire.send(self.sock, tree, enc.buffers)
+
+    def _wait(self, op: str) -> None:
+        """Until the answer starts to arrive; stops the lab process past the time limits."""
+        __tracebackhide__ = True
+        start = time.monotonic()
+        while True:
+            ready, _, _ = select.select([self.sock], [], [], 0.5)
+            if ready:
+                return
+            used = self.cpu_dead + self._cpu() - self.cpu_base
+            late = time.monotonic() - start > self.wall
+            if used > self.budget + 0.5 or late:
+                self._stop()
+                what = (f"more than the {self.budget:g} s of CPU time a test may use" if not late else
+                        f"no answer for {self.wall:g} s (a test may use {self.budget:g} s of CPU time)")
+                raise TestTimeLimit(f"this test ran past its time limit: the lab code took {what} "
+                                    "(an infinite loop, or far too slow)")
+
+    def _died(self, op: str, exc: BaseException) -> LabProcessDied:
+        status = self._stop(grace=1.0)
+        how = ""
+        if status.get("ended_by_grader"):
+            how = " (it closed its channel, so the grader ended it)"
+        elif status.get("signal"):
+            how = f" (killed by signal {status['signal']}{': out of memory?' if status['signal'] == 9 else ''})"
+        elif "exit" in status:
+            how = f" (it exited with code {status['exit']}: os._exit, sys.exit or a crash)"
+        self.died = f"the process running the lab code ended during a `{op}` request{how}"
+        return LabProcessDied(self.died + "; the next test starts it again")
+
+    def _unpack(self, reply: dict, sent: list):
+        __tracebackhide__ = True
+        for ref, state in (reply.get("g") or {}).items():
+            if type(ref) is int:
+                self._generator(wire.GeneratorRef(ref, state))
+        for pair in reply.get("w") or ():
+            if isinstance(pair, list) and len(pair) == 2 and type(pair[0]) is int and 0 <= pair[0] < len(sent):
+                target, new = sent[pair[0]], pair[1]
+                if isinstance(new, np.ndarray) and new.shape == target.shape and target.flags.writeable:
+                    target[...] = new  # lab code changed an array the test passed: so does the test's copy
+        blocked = reply.get("b")
+        if isinstance(blocked, list):
+            self.blocked += [str(b)[:300] for b in blocked[:20]]
+        if "e" in reply:
+            raise _rebuild(reply["e"])
+        return reply.get("v")
+
+
+def _rebuild(err) -> BaseException:
+    if not isinstance(err, dict):
+        return LabCodeError("lab code raised an exception that could not be read")
+    kind, msg = str(err.get("type", "")), str(err.get("msg", ""))[:2000]
+    name = str(err.get("name", kind))
+    if kind == "TestTimeLimit":
+        return TestTimeLimit(msg)
+    if kind == "WireError":
+        return NotPlainData(msg)
+    cls = ERRORS.get(kind)
+    if cls is None:
+        exc = LabCodeError(f"{name}: {msg}" if msg else name)
+    else:
+        args = err.get("args")
+        try:
+            exc = cls(*args) if isinstance(args, list) and args else cls(msg)
+        except Exception:  # noqa: BLE001 - e.g. a constructor that wants other arguments
+            exc = cls(msg)
+        if name != kind:
+            exc.add_note(f"(lab code raised {name}, a kind of {kind})")
+    where = err.get("where")
+    if where:
+        exc.add_note(f"raised in {str(where)[:200]}")
+    exc.lab_error = err  # the loader reads `line` for import errors
+    return exc
+
+
+def same_object(a, b) -> bool:
+    """``a is b``, also for arrays that came back from lab code in another process."""
+    r = _active
+    oa, ob = (r.origin(a), r.origin(b)) if r is not None else (None, None)
+    if oa is not None and ob is not None:
+        return oa[0] == ob[0]
+    return a is b
+
+
+def shares_memory(a, b) -> bool:
+    """``np.shares_memory``, also for arrays that came back from lab code in another process."""
+    r = _active
+    oa, ob = (r.origin(a), r.origin(b)) if r is not None else (None, None)
+    if oa is not None and ob is not None:
+        return oa[1] < ob[2] and ob[1] < oa[2]
+    if oa is not None or ob is not None:
+        return False
+    return bool(np.shares_memory(a, b))
+
+
+def start(ctl_fd: int, budget: float, wall: float, module_labs: dict[str, str], lab: str) -> Remote:
+    """Called by the grader's test process before pytest starts: lab() goes remote."""
+    global _active
+    _active = Remote(ctl_fd, budget, wall, module_labs, lab)
+    return _active
+

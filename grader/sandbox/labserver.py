@@ -1,0 +1,352 @@
+"""Runs as ``_grader_labserver.py``: the process that holds a submission's lab code.
+
+The grader starts it fresh for each lab (and again after the lab code kills it), with
+nothing but its side of a socket to the test process. It imports the student's modules
+and answers requests in plain data (``gptkit.testing.wire``): import a module, read or
+set an attribute, call something, index, take a length. Objects that are not plain data
+stay here and travel as numbered handles. It holds no token and no way to write a test
+result: whatever the lab code does in this process, the test process judges only the
+values it receives.
+
+    python -I -S -B _grader_labserver.py FD CONFIG_JSON
+"""
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+import types
+
+
+class TestTimeLimit(BaseException):
+    """The per-test CPU budget ran out inside lab code (a BaseException: ``except
+    Exception`` in lab code does not swallow it)."""
+
+
+def _on_prof(signum, frame):
+    raise TestTimeLimit("this test used more than its CPU-time budget (an infinite loop, or far too slow)")
+
+
+# A result whose class defines one of these could pass for a number or an array: refused.
+COMPARISON_HOOKS = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__array__",
+                    "__array_ufunc__", "__array_function__", "__array_interface__", "__array_struct__",
+                    "__float__", "__int__", "__index__", "__bool__", "__complex__")
+CODE_OBJECTS = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+                types.MethodWrapperType, types.WrapperDescriptorType)
+
+
+def _guard(read_roots, write_roots, report):
+    """Defence in depth (the real walls are the process boundary and the mount namespace):
+    no files outside the given folders, no processes, sockets or native libraries."""
+    denied_modules = {"torch", "transformers", "safetensors", "ctypes", "_ctypes", "subprocess",
+                      "_posixsubprocess", "socket", "_socket", "multiprocessing", "pty", "resource", "gc"}
+    denied_events = ("os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
+                     "os.forkpty", "socket.", "ctypes.", "os.kill", "os.killpg", "os.chown", "sys.addaudithook",
+                     "os.setuid", "os.setgid", "sys._current_frames", "gc.get_objects", "gc.get_referrers")
+    path_events = {"os.remove", "os.rename", "os.rmdir", "os.unlink", "os.chmod", "os.truncate", "os.mkdir",
+                   "shutil.rmtree", "shutil.copyfile", "shutil.move", "os.symlink", "os.link"}
+    sep, realpath, fsdecode = os.sep, os.path.realpath, os.fsdecode
+    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+
+    def inside(path, roots):
+        return any(path == r or path.startswith(r + sep) for r in roots)
+
+    def hook(event, args):
+        if event == "open":
+            path, mode, flags = args
+            if isinstance(path, int):
+                return
+            p = realpath(fsdecode(path))
+            writing = bool(flags & write_flags) if flags else any(c in (mode or "") for c in "wax+")
+            if p.startswith("/proc/"):
+                if writing or not (p.startswith("/proc/self/") or p in ("/proc/cpuinfo", "/proc/meminfo")):
+                    report(f"opened {p}")
+                    raise PermissionError(f"the grader's sandbox does not allow opening {p}")
+                return
+            if not inside(p, write_roots if writing else read_roots):
+                report(f"{'wrote' if writing else 'read'} {p}")
+                raise PermissionError(f"the grader's sandbox does not allow {'writing' if writing else 'reading'} {p}")
+        elif event == "import":
+            name = args[0] or ""
+            if name.split(".")[0] in denied_modules:
+                report(f"imported {name}")
+                raise ImportError(f"the grader's sandbox does not allow importing {name}")
+        elif event in path_events:
+            paths = [a for a in args if isinstance(a, (str, bytes, os.PathLike))]
+            if not all(inside(realpath(fsdecode(a)), write_roots) for a in paths):
+                report(f"called {event} on {', '.join(map(str, paths))[:200]}")
+                raise PermissionError(f"the grader's sandbox does not allow {event} outside its scratch folder")
+        elif event.startswith(denied_events):
+            report(f"called {event}")
+            raise PermissionError(f"the grader's sandbox does not allow {event}")
+
+    sys.addaudithook(hook)
+
+
+class Callback:
+    """A function of the test process that the tests passed to lab code: calling it asks
+    the test process to run it (on plain data) and waits for its answer."""
+
+    def __init__(self, server, key):
+        self._server, self._key = server, key
+
+    def __call__(self, *args, **kwargs):
+        return self._server.call_back(self._key, list(args), kwargs)
+
+
+class Server:
+    def __init__(self, sock, wire, np, impl_root, student_path):
+        self.sock, self.wire, self.np = sock, wire, np
+        self.reader = wire.Reader(sock)
+        self.impl_root, self.student_path = impl_root, student_path
+        self.objects, self.ids = {}, {}  # handle → object, id(object) → handle
+        self.next_handle = 1
+        self.generators, self.gen_ref, self.gen_sent = {}, {}, {}  # ref → Generator, id → ref, ref → state
+        self.next_gen = -1  # generators made here get negative numbers
+        self.blocked = []
+        self.test, self.test_cpu0, self.budget = None, 0.0, None
+
+    # -- values ---------------------------------------------------------------------------
+    def _other(self, value, enc):
+        np, wire = self.np, self.wire
+        if type(value) is np.random.Generator:
+            ref = self.gen_ref.get(id(value))
+            if ref is None:
+                ref, self.next_gen = self.next_gen, self.next_gen - 1
+                self.generators[ref], self.gen_ref[id(value)] = value, ref
+            state = wire.generator_state(value)
+            self.gen_sent[ref] = state
+            return {"$g": [ref, enc(state)]}
+        if isinstance(value, np.ndarray):
+            raise wire.WireError(f"an ndarray subclass ({wire.type_name(value)}): return a plain np.ndarray "
+                                 "(np.asarray(x) turns one into it)")
+        if isinstance(value, np.generic):
+            raise wire.WireError(f"a NumPy scalar of type {wire.type_name(value)}")
+        if not isinstance(value, CODE_OBJECTS):
+            t = type(value)
+            hooks = [h for h in COMPARISON_HOOKS if getattr(t, h, None) is not getattr(object, h, None)]
+            if hooks:
+                raise wire.WireError(f"an object of type {wire.type_name(value)}, which defines its own "
+                                     f"{', '.join(hooks[:3])}: the tests take NumPy arrays and plain Python values "
+                                     "(numbers, strings, lists, tuples, dicts)")
+        key = id(value)
+        h = self.ids.get(key)
+        if h is None:
+            h, self.next_handle = self.next_handle, self.next_handle + 1
+            self.objects[h], self.ids[key] = value, h
+        return {"$h": h}
+
+    def _handle(self, h):
+        try:
+            return self.objects[h]
+        except KeyError:
+            raise self.wire.WireError(f"handle {h} names no object (it was released)") from None
+
+    def _generator(self, g):
+        gen = self.generators.get(g.ref)
+        if gen is None:
+            gen = self.wire.make_generator(g.state)
+            self.generators[g.ref], self.gen_ref[id(gen)] = gen, g.ref
+        else:
+            gen.bit_generator.state = g.state
+        self.gen_sent[g.ref] = g.state
+        return gen
+
+    # -- requests -------------------------------------------------------------------------
+    def serve(self, until_callback_answer=False):
+        """Answer requests; inside a callback, until the test process answers it."""
+        wire = self.wire
+        while True:
+            try:
+                tree = self.reader.header()
+            except EOFError:
+                if until_callback_answer:
+                    raise
+                return
+            dec = wire.Decoder(self.reader.read_into, self._handle, self._generator,
+                               callback=lambda key: Callback(self, key))
+            try:
+                req = dec(tree)
+            except wire.WireError as exc:
+                self._reply({"e": {"type": "WireError", "args": [str(exc)], "msg": str(exc)}}, [])
+                continue
+            if isinstance(req, dict) and "cbr" in req:
+                if until_callback_answer:
+                    return req["cbr"]
+                continue
+            self._answer(req, dec.arrays)
+
+    def call_back(self, key, args, kwargs):
+        enc = self.wire.Encoder(self._other)
+        self.wire.send(self.sock, enc({"cb": key, "args": args, "kwargs": kwargs}), enc.buffers)
+        answer = self.serve(until_callback_answer=True)
+        if isinstance(answer, dict) and "e" in answer:
+            err = answer["e"] if isinstance(answer["e"], dict) else {}
+            kind = {"ValueError": ValueError, "TypeError": TypeError, "IndexError": IndexError,
+                    "KeyError": KeyError}.get(err.get("type"), RuntimeError)
+            raise kind(str(err.get("msg", "the test's function failed")))
+        return answer.get("v") if isinstance(answer, dict) else None
+
+    def _answer(self, req, args_arrays):
+        np, wire = self.np, self.wire
+        for h in req.get("release", ()):
+            obj = self.objects.pop(h, None)
+            if obj is not None:
+                self.ids.pop(id(obj), None)
+        for ref in req.get("drop_generators", ()):
+            gen = self.generators.pop(ref, None)
+            self.gen_sent.pop(ref, None)
+            if gen is not None:
+                self.gen_ref.pop(id(gen), None)
+        for ref, state in req.get("sync", {}).items():
+            gen = self.generators.get(ref)
+            if gen is not None:
+                gen.bit_generator.state = state
+                self.gen_sent[ref] = state
+        if req.get("test") != self.test:
+            self.test, self.test_cpu0 = req.get("test"), time.process_time()
+        self.budget = req.get("budget")
+        op = req.get("op")
+        snapshots = []
+        if op == "call":
+            snapshots = [a.copy() if a.nbytes <= (64 << 20) else None for a in args_arrays]
+        try:
+            if self.budget:
+                left = max(0.01, self.budget - (time.process_time() - self.test_cpu0))
+                signal.setitimer(signal.ITIMER_PROF, left, 0.25)
+            try:
+                value = self._do(op, req)
+            finally:
+                signal.setitimer(signal.ITIMER_PROF, 0)
+        except BaseException as exc:  # noqa: BLE001 - everything lab code raises goes back as data
+            self._reply({"e": self._error(exc)}, [])
+            return
+        reply = {"v": value}
+        writeback = []
+        for i, (a, before) in enumerate(zip(args_arrays, snapshots)):
+            if before is not None and a.shape == before.shape and a.dtype == before.dtype \
+                    and a.tobytes() != before.tobytes():
+                writeback.append([i, a])
+        if writeback:
+            reply["w"] = writeback
+        same_as = {id(a): i for i, a in enumerate(args_arrays)}
+        enc = wire.Encoder(self._other, same_as=same_as, provenance=True)
+        try:
+            tree = enc(reply)
+        except wire.WireError as exc:
+            self._reply({"e": {"type": "WireError", "args": [f"your code returned {exc}"],
+                               "msg": f"your code returned {exc}"}}, [])
+            return
+        self._reply(tree, enc.buffers, encoded=True)
+
+    def _reply(self, tree, buffers, encoded=False):
+        wire = self.wire
+        if not encoded:
+            enc = wire.Encoder(self._other)
+            tree, buffers = enc(tree), enc.buffers
+        extra = {}
+        gens = {}
+        for ref, gen in self.generators.items():
+            state = gen.bit_generator.state
+            if state != self.gen_sent.get(ref):
+                gens[ref] = state
+                self.gen_sent[ref] = state
+        if gens:
+            enc = wire.Encoder(self._other)
+            extra["g"] = enc(gens)
+            buffers = buffers + enc.buffers
+        if self.blocked:
+            extra["b"] = self.blocked[:20]
+            del self.blocked[:]
+        extra["cpu"] = time.process_time() - self.test_cpu0
+        if extra:
+            tree = {"$m": tree["$m"] + [[k, v] for k, v in extra.items()]}
+        wire.send(self.sock, tree, buffers)
+
+    def _do(self, op, req):
+        import importlib
+
+        if op == "import":
+            return importlib.import_module(req["module"])
+        target = req.get("target")
+        if op == "getattr":
+            return getattr(target, req["name"])
+        if op == "setattr":
+            setattr(target, req["name"], req["value"])
+            return None
+        if op == "call":
+            return target(*req.get("args", ()), **req.get("kwargs", {}))
+        if op == "getitem":
+            return target[req["key"]]
+        if op == "setitem":
+            target[req["key"]] = req["value"]
+            return None
+        if op == "len":
+            return len(target)
+        if op == "list":
+            return list(target)
+        if op == "describe":
+            return {"type": type(target).__name__, "repr": repr(target)[:300]}
+        raise ValueError(f"unknown request {op!r}")
+
+    def _error(self, exc):
+        args = [a for a in exc.args if a is None or type(a) in (str, int, float, bool)]
+        if len(args) != len(exc.args):
+            args = [str(exc)]
+        try:
+            msg = str(exc)
+        except BaseException:  # noqa: BLE001
+            msg = "(the exception's message could not be shown)"
+        kind = type(exc)
+        base = next((c.__name__ for c in kind.__mro__ if c.__module__ == "builtins"), "Exception")
+        where, line = "", None
+        for fr in traceback.extract_tb(exc.__traceback__):
+            if fr.filename.startswith(self.student_path):
+                where, line = self._as_student_path(fr.filename) + f" line {fr.lineno}", fr.lineno
+        if isinstance(exc, SyntaxError) and exc.filename:
+            line = exc.lineno if type(exc.lineno) is int else None
+            where = self._as_student_path(exc.filename) + (f" line {line}" if line else "")
+        return {"type": kind.__name__ if kind.__module__ == "builtins" else base,
+                "name": kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}",
+                "args": args[:4], "msg": msg[:2000], "where": where, "line": line}
+
+    def _as_student_path(self, filename):
+        """impl/<lab>/<lab k>/<module>.py → labs/<lab k>/src/<module>.py"""
+        parts = filename[len(self.student_path):].strip("/").split("/")
+        if len(parts) >= 2 and parts[-1].endswith(".py"):
+            return f"labs/{parts[-2]}/src/{parts[-1]}"
+        return filename
+
+
+def main():
+    fd = int(sys.argv[1])
+    with open(sys.argv[2], encoding="utf-8") as fh:
+        config = json.load(fh)
+    sock = socket.socket(fileno=fd)
+    sys.path[:0] = config["sys_path"]
+    os.umask(0o022)
+    import numpy as np
+    import numpy.random  # noqa: F401 - now, before lab code can change what importing it finds
+
+    from gptkit.testing import wire
+
+    signal.signal(signal.SIGPROF, _on_prof)
+    blocked = []
+
+    def report(what):
+        if len(blocked) < 100:
+            blocked.append(what)
+
+    server = Server(sock, wire, np, config["impl"], config["student_path"])
+    server.blocked = blocked
+    _guard(config["read_roots"], config["write_roots"], report)
+    sys.stdin.close()
+    server.serve()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
