@@ -43,10 +43,9 @@ def machine() -> str:
 def use_reference_solutions() -> None:
     """Make the reference labs importable by module name (``import gpt``)."""
     sys.path.insert(0, str(ROOT))
-    from gptkit.testing.layout import lab_dirs
+    from gptkit.testing.layout import bind_tree
 
-    for lab in reversed(lab_dirs(ROOT / "solutions")):
-        sys.path.insert(0, str(lab.code_dir))
+    bind_tree(ROOT / "solutions")
 
 
 def gpt2_small_pair(threads: int, seed: int = 0):
@@ -57,7 +56,7 @@ def gpt2_small_pair(threads: int, seed: int = 0):
 
     use_reference_solutions()
     import gpt
-    from gptkit.testing.checkpoints import GPT2_SMALL, hf_model, random_gpt2_state
+    from gptkit.checkpoints import GPT2_SMALL, hf_model, random_gpt2_state
 
     torch.set_num_threads(threads)
     state = random_gpt2_state(GPT2_SMALL, np.random.default_rng(seed))

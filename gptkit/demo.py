@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gptkit.testing.checkpoints import HOW_TO_GET_GPT2, GPT2Shape, find_real_gpt2, random_gpt2_state, write_checkpoint
-from gptkit.testing.layout import lab_dirs, resolve_impl
+from gptkit.checkpoints import HOW_TO_GET_GPT2, GPT2Shape, find_real_gpt2, random_gpt2_state, write_checkpoint
+from gptkit.testing.layout import bind_tree, resolve_impl
 
 SMALL_RANDOM = GPT2Shape(vocab_size=512, d_model=64, num_layers=2, num_heads=4, max_seq_len=64)
 
@@ -32,12 +32,10 @@ class DemoError(Exception):
 
 
 def _use_impl(impl: str) -> None:
-    root = resolve_impl(impl)
-    labs = lab_dirs(root)
-    if not labs:
-        raise DemoError(f"--impl={impl}: no lab folders in {root}")
-    for lab in reversed(labs):
-        sys.path.insert(0, str(lab.code_dir))
+    try:
+        bind_tree(resolve_impl(impl))
+    except ValueError as exc:
+        raise DemoError(f"--impl={impl}: {exc}") from None
 
 
 def _tokenizer(folder: Path):

@@ -10,8 +10,11 @@ the attribute paths, so a GPT's names are GPT-2's checkpoint names:
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
+
+from gptkit.state import state_diff
 
 
 class Layer:
@@ -85,23 +88,13 @@ class Layer:
         memory beyond the model and the state dict.
         """
         own = self.state_dict()
-        missing = sorted(set(own) - set(state))
-        unexpected = sorted(set(state) - set(own))
-        misshaped = [
-            f"{k}: checkpoint {tuple(np.shape(state[k]))}, model {own[k].shape}"
-            for k in sorted(set(own) & set(state))
-            if tuple(np.shape(state[k])) != own[k].shape
-        ]
-        problems = []
-        if misshaped:
-            problems.append("mis-shaped: " + "; ".join(misshaped))
-        if strict and missing:
-            problems.append("missing: " + ", ".join(_abbreviate(missing)))
-        if strict and unexpected:
-            problems.append("unexpected: " + ", ".join(_abbreviate(unexpected)))
-        if problems:
+        diff = state_diff(own, state)
+        if not strict:
+            diff = replace(diff, missing=(), unexpected=())
+        if diff:
             raise ValueError(
-                f"cannot load state dict into {type(self).__name__}: " + " | ".join(problems)
+                f"cannot load state dict into {type(self).__name__}: "
+                + diff.describe(expected="model", actual="checkpoint")
             )
         for name in sorted(set(own) & set(state)):
             target = own[name]
@@ -119,6 +112,3 @@ class Layer:
             node = node[int(part)] if part.isdigit() else getattr(node, part)
         return node, attr
 
-
-def _abbreviate(names: list[str], limit: int = 8) -> list[str]:
-    return names if len(names) <= limit else names[:limit] + [f"… {len(names) - limit} more"]

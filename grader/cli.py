@@ -8,6 +8,11 @@ import sys
 from gptkit.testing.layout import KIT_ROOT
 
 
+def _labs_option(s: argparse.ArgumentParser, what: str) -> None:
+    """``--labs 01,03``: which labs a command covers; read back with ``_labs``."""
+    s.add_argument("--labs", help=f"comma-separated lab numbers {what}, e.g. 01,03 (default: all)")
+
+
 def _labs(value: str | None) -> list[str] | None:
     return [v.strip().zfill(2) if v.strip().isdigit() else v.strip() for v in value.split(",")] if value else None
 
@@ -163,11 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("fixtures", help="regenerate tests/*/fixtures/*.npz from the solutions (and HuggingFace)")
     s.add_argument("--check", action="store_true", help="only report fixtures that would change (exit 1 if any)")
-    s.add_argument("--labs", help="comma-separated lab numbers, e.g. 01,03 (default: all)")
+    _labs_option(s, "whose fixtures to build")
     s.set_defaults(func=cmd_fixtures)
 
     s = sub.add_parser("catalogue", help="run the lab tests against every catalogued student bug")
-    s.add_argument("--labs", help="comma-separated lab numbers (default: all)")
+    _labs_option(s, "to check")
     s.add_argument("--jobs", type=int, default=2, help="bugs checked in parallel (default 2)")
     s.set_defaults(func=cmd_catalogue)
 
@@ -175,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("paths", nargs="+", help="submission(s), or folder(s) holding one per student")
     s.add_argument("-o", "--out", default="grading", help="output folder (default: ./grading)")
     s.add_argument("-j", "--jobs", type=int, default=2, help="submissions graded in parallel (default 2)")
-    s.add_argument("--labs", help="comma-separated lab numbers to grade (default: all)")
+    _labs_option(s, "to grade")
     s.add_argument("--own-chain", action="store_true",
                    help="run lab N on the student's own labs < N (default: the reference code for labs < N)")
     s.add_argument("--force", action="store_true", help="regrade students who already have a current result")
@@ -195,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_gradescope)
 
     s = sub.add_parser("validate", help="check the whole kit: stubs, fixtures, solutions, bug catalogue")
-    s.add_argument("--labs", help="comma-separated lab numbers (default: all)")
+    _labs_option(s, "to check")
     s.add_argument("--jobs", type=int, default=2, help="parallel jobs (default 2)")
     s.set_defaults(func=cmd_validate)
     return p

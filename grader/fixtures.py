@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +29,7 @@ from types import ModuleType
 import numpy as np
 
 from gptkit.testing.fixtures import diagnosis_key, label_key, write_npz
-from gptkit.testing.layout import KIT_ROOT, LAB_DIR_RE, lab_dirs
+from gptkit.testing.layout import KIT_ROOT, LAB_DIR_RE, bind_tree
 from grader.catalogue import CatalogueError, import_with_bug, load_catalogue
 
 
@@ -48,9 +47,7 @@ def recipes(tests_dir: Path = KIT_ROOT / "tests") -> list[Path]:
 
 
 def use_solutions(solutions: Path) -> None:
-    for lab in reversed(lab_dirs(solutions)):
-        if str(lab.code_dir) not in sys.path:
-            sys.path.insert(0, str(lab.code_dir))
+    bind_tree(solutions)
 
 
 def load_recipe(path: Path):

@@ -7,7 +7,8 @@ In ``solutions/NN_name/<module>.py`` the student's part of each function sits be
     ### END SOLUTION
 
 In ``labs/NN_name/src/<module>.py`` that part becomes ``# YOUR CODE HERE`` and a
-``NotImplementedError`` naming the lab and the task; everything else is copied as is.
+``NotImplementedError`` naming the lab and the task; everything else is copied as is,
+under a first line that names the solution file (see ``header``).
 """
 
 from __future__ import annotations
@@ -26,9 +27,17 @@ class StubError(ValueError):
     pass
 
 
+def header(filename: str) -> str:
+    """A stub's first line. It is read in the full kit, where the stub must not be edited,
+    and in the student copy, where it is the file to edit."""
+    return (f"# Generated from {filename} by `grader stubs`: in the full kit, edit that file instead. "
+            "Students: fill in the YOUR CODE HERE blocks below.\n")
+
+
 def make_stub(source: str, lab_number: str, filename: str = "<solution>") -> str:
-    """The stub text for one solution module's text."""
-    out: list[str] = []
+    """The stub text for one solution module's text (``filename``: where it is, for the
+    first line and for errors)."""
+    out: list[str] = [header(filename)]
     scope: list[tuple[int, str]] = []  # (indent, name) of enclosing defs/classes
     inside = False
     begin_line = 0
@@ -71,7 +80,7 @@ def expected_stubs(solutions: Path = KIT_ROOT / "solutions", labs: Path = KIT_RO
         for module in lab.modules():
             src = lab.code_dir / f"{module}.py"
             stubs[labs / lab.name / "src" / f"{module}.py"] = make_stub(
-                src.read_text(encoding="utf-8"), lab.number, str(src.relative_to(solutions.parent))
+                src.read_text(encoding="utf-8"), lab.number, src.relative_to(solutions.parent).as_posix()
             )
     return stubs
 

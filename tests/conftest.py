@@ -9,14 +9,13 @@ Each test folder ``tests/NN_name/`` belongs to lab NN and gets the marker ``labN
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
 from gptkit.testing import loader, remote
-from gptkit.testing.layout import LAB_DIR_RE, lab_dirs, resolve_impl
+from gptkit.testing.layout import LAB_DIR_RE, bind_tree, resolve_impl
 
 # Same examples every run: a grade must not depend on the day's random draw. No
 # shrinking: a failing property reports the first failing example at once, so a stub's
@@ -43,12 +42,10 @@ def pytest_configure(config):
         config._kit_impl_root = "the grader's lab process"
         return
     root = resolve_impl(config.getoption("--impl"))
-    labs = lab_dirs(root)
-    if not labs:
-        raise pytest.UsageError(f"--impl={config.getoption('--impl')}: no lab folders (NN_name) in {root}")
-    # Later labs import earlier labs' modules by name, so every lab folder goes on the path.
-    for lab in reversed(labs):
-        sys.path.insert(0, str(lab.code_dir))
+    try:
+        bind_tree(root)
+    except ValueError as exc:
+        raise pytest.UsageError(f"--impl={config.getoption('--impl')}: {exc}") from None
     loader.set_root(root)
     config._kit_impl_root = root
 

@@ -8,6 +8,7 @@ reference layout, ``solutions/``). The grader builds scratch trees of either sha
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +43,37 @@ def lab_dirs(root: Path) -> list[LabDir]:
         if d.is_dir() and LAB_DIR_RE.match(d.name):
             out.append(LabDir(d.name, d / "src" if (d / "src").is_dir() else d))
     return out
+
+
+def lab_of(path) -> str | None:
+    """The lab (``"01_causal_mask"``) that a file path or a pytest node id lies in: its
+    innermost ``NN_name`` folder; None when it lies in no lab folder.
+
+    ``tests/hidden/01_causal_mask/test_x.py::test_y[3]`` → ``"01_causal_mask"``.
+    """
+    where = str(path).split("::", 1)[0]
+    for part in reversed(re.split(r"[/\\]", where)):
+        if LAB_DIR_RE.match(part):
+            return part
+    return None
+
+
+def selected(lab: str, labs: list[str] | None) -> bool:
+    """Whether the lab ``"01_causal_mask"`` is among ``labs`` (numbers ``"01"`` or full
+    names, as ``--labs`` gives them); every lab is when ``labs`` is empty or None."""
+    return not labs or lab in labs or lab[:2] in labs
+
+
+def bind_tree(root: Path) -> list[LabDir]:
+    """Make an implementation tree's lab modules importable by name (``import gpt``): every
+    lab folder goes to the front of ``sys.path``, in lab order, since later labs import
+    earlier labs' modules. Returns the labs; ValueError when ``root`` holds none."""
+    labs = lab_dirs(root)
+    if not labs:
+        raise ValueError(f"no lab folders (NN_name) in {root}")
+    folders = [str(lab.code_dir) for lab in labs]
+    sys.path[:] = folders + [p for p in sys.path if p not in folders]
+    return labs
 
 
 def resolve_impl(impl: str, base: Path = KIT_ROOT) -> Path:

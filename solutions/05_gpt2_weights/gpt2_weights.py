@@ -24,19 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from gpt import GPTModel
-from gptkit import check_length, check_ndim
+from gptkit import check_length, check_ndim, gpt2_parameter_names, gpt2_parameter_shapes, state_diff
 
 # The tensor dtypes read here, as stored (little-endian), with their sizes in bytes.
 DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
-
-# The names one GPT-2 block's parameters have in the hub's checkpoints (after "h.<i>.").
-BLOCK_PARAMETERS = (
-    "ln_1.weight", "ln_1.bias",
-    "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
-    "ln_2.weight", "ln_2.bias",
-    "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias",
-)
-TOP_PARAMETERS = ("wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias")
 
 # GPT-2's tanh-approximated GELU goes by these names in config.json.
 TANH_GELU_NAMES = ("gelu_new", "gelu_pytorch_tanh")
@@ -240,22 +231,10 @@ def _check_gpt2_names(state: dict[str, np.ndarray], file: Path) -> None:
         raise ValueError(
             f"{file} does not look like a GPT-2 checkpoint: no wte.weight (it has {sample}, …)"
         )
-    layers = sorted({int(n.split(".")[1]) for n in state if n.startswith("h.") and n.split(".")[1].isdigit()})
-    expected = set(TOP_PARAMETERS) | {f"h.{i}.{p}" for i in range(len(layers)) for p in BLOCK_PARAMETERS}
-    missing = sorted(expected - set(state), key=_layer_order)
-    unexpected = sorted(set(state) - expected, key=_layer_order)
-    if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"missing {', '.join(missing[:8])}{' …' if len(missing) > 8 else ''}")
-        if unexpected:
-            parts.append(f"unexpected {', '.join(unexpected[:8])}{' …' if len(unexpected) > 8 else ''}")
-        raise ValueError(f"{file} is not a complete GPT-2 checkpoint: " + "; ".join(parts))
-
-
-def _layer_order(name: str):
-    parts = name.split(".")
-    return (int(parts[1]), name) if len(parts) > 1 and parts[1].isdigit() else (-1, name)
+    layers = {int(n.split(".")[1]) for n in state if n.startswith("h.") and n.split(".")[1].isdigit()}
+    diff = state_diff(gpt2_parameter_names(len(layers)), state)
+    if diff:
+        raise ValueError(f"{file} is not a complete GPT-2 checkpoint: {diff.describe()}")
 
 
 # -- config.json -----------------------------------------------------------------------
@@ -337,27 +316,10 @@ def _check_gpt2_config(config, file: Path) -> None:
 
 def _check_against_config(state: dict[str, np.ndarray], config: dict, file: Path) -> None:
     """Raise ValueError listing every parameter whose shape disagrees with config.json."""
-    V, D, L, F = config["vocab_size"], config["d_model"], config["max_seq_len"], config["d_ff"]
-    want = {"wte.weight": (V, D), "wpe.weight": (L, D), "ln_f.weight": (D,), "ln_f.bias": (D,)}
-    block = {
-        "ln_1.weight": (D,), "ln_1.bias": (D,), "ln_2.weight": (D,), "ln_2.bias": (D,),
-        "attn.c_attn.weight": (D, 3 * D), "attn.c_attn.bias": (3 * D,),
-        "attn.c_proj.weight": (D, D), "attn.c_proj.bias": (D,),
-        "mlp.c_fc.weight": (D, F), "mlp.c_fc.bias": (F,),
-        "mlp.c_proj.weight": (F, D), "mlp.c_proj.bias": (D,),
-    }
-    for i in range(config["num_layers"]):
-        want.update({f"h.{i}.{p}": shape for p, shape in block.items()})
-    problems = [f"{n}: checkpoint {state[n].shape}, config {s}" for n, s in want.items()
-                if n in state and state[n].shape != s]
-    missing = [n for n in want if n not in state]
-    extra = sorted(set(state) - set(want), key=_layer_order)
-    if missing:
-        problems.append(f"missing {', '.join(missing[:8])}{' …' if len(missing) > 8 else ''}")
-    if extra:
-        problems.append(f"not in the config: {', '.join(extra[:8])}{' …' if len(extra) > 8 else ''}")
-    if problems:
-        raise ValueError(f"checkpoint {file} does not match its config.json: " + "; ".join(problems))
+    diff = state_diff(gpt2_parameter_shapes(**config), state)
+    if diff:
+        raise ValueError(f"checkpoint {file} does not match its config.json: "
+                         + diff.describe(expected="config", actual="checkpoint", unexpected="not in the config"))
 
 
 def load_gpt2(path) -> GPTModel:

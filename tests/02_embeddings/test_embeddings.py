@@ -11,11 +11,16 @@ emb = lab("embeddings")
 LAB = "02_embeddings"
 
 
-def _token_embedding():
-    f = load_fixture(LAB, "token_embedding")
-    layer = emb.TokenEmbedding(*f["weight"].shape, rng=np.random.default_rng(0))
+def _one_table(layer_class, case):
+    """A TokenEmbedding or PositionalEmbedding holding the stored case's ``weight``."""
+    f = load_fixture(LAB, case)
+    layer = layer_class(*f["weight"].shape, rng=np.random.default_rng(0))
     layer.weight = f["weight"]
     return layer, f
+
+
+def _token_embedding():
+    return _one_table(emb.TokenEmbedding, "token_embedding")
 
 
 def _gpt_embedding():
@@ -79,10 +84,7 @@ def test_token_embedding_rejects_float_ids():
 # --- learned positional embedding -----------------------------------------------------------
 
 def _positional():
-    f = load_fixture(LAB, "positional_embedding")
-    layer = emb.PositionalEmbedding(*f["weight"].shape, rng=np.random.default_rng(0))
-    layer.weight = f["weight"]
-    return layer, f
+    return _one_table(emb.PositionalEmbedding, "positional_embedding")
 
 
 def test_positional_embedding_slices_positions():

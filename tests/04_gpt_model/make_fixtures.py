@@ -7,7 +7,7 @@ test can name the mistake without the tests holding a second implementation)."""
 
 import numpy as np
 
-from gptkit.testing.checkpoints import GPT2Shape, random_gpt2_state
+from gptkit.checkpoints import GPT2Shape, random_gpt2_state
 from grader.fixtures import diagnoses
 
 NEEDS_TORCH = False

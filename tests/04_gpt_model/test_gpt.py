@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gptkit.testing import assert_close, assert_float32, lab, load_fixture, raises_clearly, stored_diagnoses
-from gptkit.testing.checkpoints import set_parameters
+from gptkit.testing.parameters import set_parameters
 
 G = lab("gpt")
 LAB = "04_gpt_model"

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from gptkit.testing import assert_close, lab
-from gptkit.testing.checkpoints import GPT2Shape, hf_model, random_gpt2_state, set_parameters
+from gptkit.checkpoints import GPT2Shape, hf_model, random_gpt2_state
+from gptkit.testing.parameters import set_parameters
 from gptkit.testing.torchref import device, to_numpy, torch_or_skip
 
 pytestmark = pytest.mark.torch

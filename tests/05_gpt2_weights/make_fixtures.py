@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gptkit.testing.checkpoints import GPT2Shape, hf_model, hub_layout, random_gpt2_state, safetensors_bytes
+from gptkit.checkpoints import GPT2Shape, hf_model, hub_layout, random_gpt2_state, safetensors_bytes
 
 NEEDS_TORCH = True
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gptkit.testing import assert_close, assert_float32, explains_errors, lab, load_fixture, raises_clearly
-from gptkit.testing.checkpoints import safetensors_bytes
+from gptkit.checkpoints import safetensors_bytes
 
 W = lab("gpt2_weights")
 LAB = "05_gpt2_weights"

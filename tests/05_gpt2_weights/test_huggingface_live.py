@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gptkit.testing import assert_close, lab
-from gptkit.testing.checkpoints import GPT2_SMALL, GPT2Shape
+from gptkit.checkpoints import GPT2_SMALL, GPT2Shape
 from gptkit.testing.layout import KIT_ROOT
 from gptkit.testing.torchref import device, to_numpy, torch_or_skip
 

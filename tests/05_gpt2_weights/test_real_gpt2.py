@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gptkit.testing import assert_close, lab
-from gptkit.testing.checkpoints import HOW_TO_GET_GPT2, find_real_gpt2
+from gptkit.checkpoints import HOW_TO_GET_GPT2, find_real_gpt2
 
 W = lab("gpt2_weights")
 

@@ -18,7 +18,7 @@ differ from the right answer.
 
 import numpy as np
 
-from gptkit.testing.checkpoints import GPT2Shape, hf_model, random_gpt2_state
+from gptkit.checkpoints import GPT2Shape, hf_model, random_gpt2_state
 from grader.fixtures import bugged, diagnoses, differs
 
 NEEDS_TORCH = True

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from gptkit.testing import (assert_close, assert_float32, diagnosis_label, explains_errors, lab, load_fixture,
                             raises_clearly, same_object, shares_memory, stored_diagnoses)
-from gptkit.testing.checkpoints import set_parameters
+from gptkit.testing.parameters import set_parameters
 
 S = lab("generation")
 G = lab("gpt")

@@ -5,7 +5,7 @@ import sys
 
 import numpy as np
 
-from gptkit.testing.checkpoints import GPT2Shape, random_gpt2_state, write_checkpoint
+from gptkit.checkpoints import GPT2Shape, random_gpt2_state, write_checkpoint
 from gptkit.testing.layout import KIT_ROOT
 
 

@@ -1,9 +1,10 @@
-"""The kit's Layer base class: modes recurse, state dicts name and check parameters."""
+"""The kit's Layer base class: modes recurse, state dicts name and check parameters;
+and the student-facing state-dict comparison and GPT-2 names it uses."""
 
 import numpy as np
 import pytest
 
-from gptkit import Layer
+from gptkit import Layer, gpt2_parameter_names, gpt2_parameter_shapes, state_diff
 
 
 class Leaf(Layer):
@@ -49,3 +50,28 @@ def test_load_state_dict_copies_as_float32():
     assert t.h[1].weight.dtype == np.float32 and np.all(t.h[1].weight == 2)
     src["h.1.weight"][:] = 5
     assert np.all(t.h[1].weight == 2), "loading must copy, not alias"
+
+
+def test_load_state_dict_not_strict_still_checks_shapes():
+    t = Tree()
+    t.load_state_dict({"h.0.weight": np.ones((3, 2)), "extra": np.ones(1)}, strict=False)
+    assert np.all(t.h[0].weight == 1)
+    with pytest.raises(ValueError, match="mis-shaped"):
+        t.load_state_dict({"h.0.weight": np.ones((5, 2))}, strict=False)
+
+
+def test_state_diff_orders_by_block_and_cuts_long_lists():
+    want = {f"h.{i}.w": (2,) for i in range(12)}
+    diff = state_diff(want, {"h.0.w": np.zeros(3), "z": np.zeros(1)})
+    assert diff.missing[:3] == ("h.1.w", "h.2.w", "h.3.w") and diff.missing[-1] == "h.11.w"
+    assert diff.unexpected == ("z",) and diff.misshaped == (("h.0.w", (2,), (3,)),)
+    text = diff.describe(expected="config", actual="file", limit=3)
+    assert text == "mis-shaped: h.0.w: file (3,), config (2,) | missing: h.1.w, h.2.w, h.3.w, … 8 more | unexpected: z"
+    assert not state_diff(["a", "b"], {"a": np.zeros(2), "b": np.zeros(9)}), "names alone: shapes are not compared"
+
+
+def test_gpt2_names_and_shapes_agree():
+    shapes = gpt2_parameter_shapes(vocab_size=50, d_model=8, num_layers=2, num_heads=2, d_ff=24, max_seq_len=16)
+    assert list(shapes) == gpt2_parameter_names(2)
+    assert len(shapes) == 4 + 2 * 12 and list(shapes)[:3] == ["wte.weight", "wpe.weight", "h.0.ln_1.weight"]
+    assert shapes["h.1.attn.c_attn.weight"] == (8, 24) and shapes["h.1.mlp.c_proj.weight"] == (24, 8)

@@ -1,10 +1,12 @@
 """The layout contract: every lab has its README, stubs, solution, tests, docs and marker."""
 
+import sys
 import tomllib
+from pathlib import Path
 
 import pytest
 
-from gptkit.testing.layout import KIT_ROOT, lab_dirs
+from gptkit.testing.layout import KIT_ROOT, bind_tree, lab_dirs, lab_of, selected
 
 SOLUTION_LABS = lab_dirs(KIT_ROOT / "solutions")
 
@@ -40,3 +42,30 @@ def test_module_names_are_unique_across_labs():
         for m in lab.modules():
             assert m not in seen, f"module {m} is in both {seen[m]} and {lab.name}"
             seen[m] = lab.name
+
+
+@pytest.mark.parametrize("where, lab", [
+    ("tests/01_causal_mask/test_causal_mask.py::test_x[2-3]", "01_causal_mask"),
+    ("tests/hidden/04_gpt_model/test_hidden_gpt.py::test_y", "04_gpt_model"),
+    ("/home/x/10_courses/kit/labs/02_embeddings/src/embeddings.py", "02_embeddings"),
+    (Path("solutions") / "05_gpt2_weights", "05_gpt2_weights"),
+    ("tests/kit/test_layout.py::test_z[01_causal_mask/x]", None),
+])
+def test_lab_of_a_path_or_node_id(where, lab):
+    assert lab_of(where) == lab
+
+
+def test_bind_tree_puts_every_lab_first_in_lab_order(tmp_path, monkeypatch):
+    for name in ("02_b", "01_a"):
+        (tmp_path / name / "src").mkdir(parents=True)
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "02_b" / "src"), "elsewhere"])
+    bind_tree(tmp_path)
+    assert sys.path == [str(tmp_path / "01_a" / "src"), str(tmp_path / "02_b" / "src"), "elsewhere"]
+    with pytest.raises(ValueError, match="no lab folders"):
+        bind_tree(tmp_path / "01_a")
+
+
+def test_lab_selection_by_number_or_name():
+    assert selected("03_layernorm_ffn", None) and selected("03_layernorm_ffn", [])
+    assert selected("03_layernorm_ffn", ["01", "03"]) and selected("03_layernorm_ffn", ["03_layernorm_ffn"])
+    assert not selected("03_layernorm_ffn", ["01", "02_embeddings"])

@@ -26,6 +26,14 @@ def test_stub_replaces_marked_block_with_named_error():
     assert "    # YOUR CODE HERE\n    raise NotImplementedError('Lab 07 · f: add one')\n" in stub
 
 
+def test_stub_says_where_it_comes_from_first():
+    stub = make_stub("def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION\n", "02",
+                     "solutions/02_x/x.py")
+    first = stub.splitlines()[0]
+    assert first.startswith("# Generated from solutions/02_x/x.py by `grader stubs`") and "YOUR CODE HERE" in first
+    assert stub.splitlines()[1] == "def f():"
+
+
 def test_stub_names_method_and_default_task():
     src = "class A:\n    def g(self):\n        ### BEGIN SOLUTION\n        return 1\n        ### END SOLUTION\n"
     assert "raise NotImplementedError('Lab 03 · A.g: implement A.g')" in make_stub(src, "03")

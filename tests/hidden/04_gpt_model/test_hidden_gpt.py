@@ -4,7 +4,8 @@ float64 forward pass written here (hidden tests hold no stored answers)."""
 import numpy as np
 
 from gptkit.testing import assert_close, lab
-from gptkit.testing.checkpoints import GPT2Shape, random_gpt2_state, set_parameters
+from gptkit.checkpoints import GPT2Shape, random_gpt2_state
+from gptkit.testing.parameters import set_parameters
 
 G = lab("gpt")
 SHAPE = GPT2Shape(vocab_size=30, d_model=20, num_layers=3, num_heads=5, max_seq_len=12, d_ff=28)

@@ -6,7 +6,7 @@ import json
 import numpy as np
 
 from gptkit.testing import assert_close, lab
-from gptkit.testing.checkpoints import GPT2Shape, random_gpt2_state, safetensors_bytes
+from gptkit.checkpoints import GPT2Shape, random_gpt2_state, safetensors_bytes
 
 W = lab("gpt2_weights")
 SHAPE = GPT2Shape(vocab_size=37, d_model=12, num_layers=2, num_heads=3, max_seq_len=15, d_ff=20,

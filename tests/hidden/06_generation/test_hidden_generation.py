@@ -4,7 +4,8 @@ computations written here (hidden tests hold no stored answers)."""
 import numpy as np
 
 from gptkit.testing import assert_close, lab
-from gptkit.testing.checkpoints import GPT2Shape, random_gpt2_state, set_parameters
+from gptkit.checkpoints import GPT2Shape, random_gpt2_state
+from gptkit.testing.parameters import set_parameters
 
 S = lab("generation")
 G = lab("gpt")

@@ -1,6 +1,7 @@
-"""GPT-2 checkpoints for tests: random parameters under GPT-2's names, safetensors files
-written with NumPy alone, HuggingFace models built from the same arrays, and where a
-real GPT-2 small lives on this machine (if anywhere).
+"""GPT-2 checkpoints for the kit's tests, the demo and the benchmarks (not for student
+code): random parameters under GPT-2's names, safetensors files written with NumPy alone,
+HuggingFace models built from the same arrays, and where a real GPT-2 small lives on this
+machine (if anywhere).
 
 Random checkpoints randomise *every* parameter (LayerNorm gains and biases, every bias):
 GPT-2's own initialisation (unit gains, zero biases) would hide bugs such as a LayerNorm
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from gptkit.gpt2 import gpt2_parameter_shapes
 
 # safetensors dtype names of the arrays this writer can store
 _ST_DTYPES = {np.dtype("<f4"): "F32", np.dtype("<f2"): "F16", np.dtype("<i8"): "I64"}
@@ -60,24 +63,19 @@ def random_gpt2_state(shape: GPT2Shape, rng: np.random.Generator, *, scale: floa
     LayerNorm gains N(1, 0.2²), biases N(0, 0.1²). ``scale`` > 1 sharpens attention and
     widens GELU inputs.
     """
-    D, F, V, L = shape.d_model, shape.ff, shape.vocab_size, shape.max_seq_len
+    def std(key: str, dims: tuple[int, ...], gain: bool) -> float:
+        if key in ("attn.c_attn.weight", "mlp.c_fc.weight"):
+            return scale * 1.5 / np.sqrt(dims[0])  # dims[0] is the fan-in
+        if key in ("attn.c_proj.weight", "mlp.c_proj.weight"):
+            return 0.5 / np.sqrt(dims[0])
+        return {"wte.weight": 0.15, "mlp.c_fc.bias": 0.2}.get(key, 0.2 if gain else 0.1)
 
-    def w(*dims, std):
-        return (rng.standard_normal(dims, dtype=np.float32) * np.float32(std)).astype(np.float32)
-
-    state = {"wte.weight": w(V, D, std=0.15), "wpe.weight": w(L, D, std=0.1)}
-    for i in range(shape.num_layers):
-        p = f"h.{i}."
-        state.update({
-            p + "ln_1.weight": 1 + w(D, std=0.2), p + "ln_1.bias": w(D, std=0.1),
-            p + "attn.c_attn.weight": w(D, 3 * D, std=scale * 1.5 / np.sqrt(D)), p + "attn.c_attn.bias": w(3 * D, std=0.1),
-            p + "attn.c_proj.weight": w(D, D, std=0.5 / np.sqrt(D)), p + "attn.c_proj.bias": w(D, std=0.1),
-            p + "ln_2.weight": 1 + w(D, std=0.2), p + "ln_2.bias": w(D, std=0.1),
-            p + "mlp.c_fc.weight": w(D, F, std=scale * 1.5 / np.sqrt(D)), p + "mlp.c_fc.bias": w(F, std=0.2),
-            p + "mlp.c_proj.weight": w(F, D, std=0.5 / np.sqrt(F)), p + "mlp.c_proj.bias": w(D, std=0.1),
-        })
-    state["ln_f.weight"] = 1 + w(D, std=0.2)
-    state["ln_f.bias"] = w(D, std=0.1)
+    state = {}
+    for name, dims in gpt2_parameter_shapes(**shape.model_kwargs()).items():
+        key = name.split(".", 2)[2] if name.startswith("h.") else name  # the name within a block
+        gain = key.startswith("ln") and key.endswith(".weight")  # LayerNorm gains are 1 + noise
+        noise = (rng.standard_normal(dims, dtype=np.float32) * np.float32(std(key, dims, gain))).astype(np.float32)
+        state[name] = 1 + noise if gain else noise
     return state
 
 
@@ -171,32 +169,3 @@ def find_real_gpt2() -> Path | None:
         if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
             return folder
     return None
-
-
-# -- putting parameters into the code under test ------------------------------------------------
-
-def set_parameters(layer, params: dict[str, np.ndarray], what: str):
-    """Load ``params`` into ``layer`` by GPT-2's names; returns the layer in eval mode.
-
-    A mismatch fails the test with the names in question (the student's own parameter
-    names, shapes or an extra untied head), not with a traceback from ``Layer``.
-    """
-    __tracebackhide__ = True
-    own = {k: np.shape(v) for k, v in layer.state_dict().items()}
-    extra = sorted(set(own) - set(params))
-    missing = sorted(set(params) - set(own))
-    wrong = [f"{k} is {own[k]}, GPT-2 has {np.shape(params[k])}" for k in sorted(set(own) & set(params))
-             if own[k] != np.shape(params[k])]
-    problems = []
-    if extra:
-        tied = " (GPT-2 has no separate output head: the logits reuse wte.weight, the head is tied)" \
-            if any("head" in k for k in extra) else ""
-        problems.append(f"parameters GPT-2 does not have: {', '.join(extra[:6])}{tied}")
-    if missing:
-        problems.append(f"no parameter named {', '.join(missing[:6])}")
-    if wrong:
-        problems.append("wrong shapes: " + "; ".join(wrong[:6]))
-    if problems:
-        raise AssertionError(f"{what}: its parameters must be GPT-2's, by name and shape: " + " | ".join(problems))
-    layer.load_state_dict(params)
-    return layer.eval()
