@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import py_compile
-import re
 import shutil
 import tempfile
 import time
@@ -23,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gptkit.testing.layout import KIT_ROOT, lab_dirs
+from gptkit.testing.layout import KIT_ROOT, lab_dirs, lab_of
 from grader import policy
 from grader.rubric import LabRubric, load_rubric
 from grader.sandbox import protocol, runner
@@ -151,7 +150,7 @@ class Grader:
         problems, graded = [], {}
         for lab in self.labs:
             tests = [e for e in raw_by_lab.events if isinstance(e, protocol.TestResult) and e.lab == lab
-                     and _lab_of(e.nodeid) == lab]
+                     and lab_of(e.nodeid) == lab]
             graded[lab] = sorted(e.nodeid for e in tests if e.outcome == "passed")
             problems += [f"{e.nodeid}: {e.message[:300]}" for e in tests if e.outcome in ("failed", "error")]
             if not graded[lab]:
@@ -455,7 +454,3 @@ class Grader:
         outputs.write_class(self, ordered)
         return ordered
 
-
-def _lab_of(nodeid: str) -> str:
-    m = re.search(r"(?:^|/)(\d\d_[a-z0-9_]+)/", nodeid)
-    return m.group(1) if m else ""
