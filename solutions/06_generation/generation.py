@@ -140,7 +140,8 @@ def top_p_filter(logits: np.ndarray, p: float) -> np.ndarray:
 
     Returns:
         (..., V), same dtype. In probability order, a token is kept when the tokens more
-        likely than it sum to less than p. Ties in probability are ordered by token id.
+        likely than it sum to less than p. Among equally likely tokens the higher id comes
+        first (as in HuggingFace): p = 0.5 over 8 equal logits keeps ids 4 … 7.
     """
     logits = as_float_array(logits, "logits")
     check_ndim(logits, "logits", min_ndim=1, shape_hint="(..., V)")
@@ -149,7 +150,7 @@ def top_p_filter(logits: np.ndarray, p: float) -> np.ndarray:
     if p == 1.0:
         return logits.copy()  # a float32 running sum can reach 1 before the last tiny probabilities
     probs = softmax(logits, axis=-1)
-    order = np.argsort(-probs, axis=-1, kind="stable")  # most likely first
+    order = np.argsort(probs, axis=-1, kind="stable")[..., ::-1]  # most likely first; ties: higher id first
     sorted_probs = np.take_along_axis(probs, order, axis=-1)
     mass_before = np.cumsum(sorted_probs, axis=-1) - sorted_probs  # of the tokens more likely than each
     keep = np.empty(logits.shape, dtype=bool)

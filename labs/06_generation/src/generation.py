@@ -134,7 +134,8 @@ def top_p_filter(logits: np.ndarray, p: float) -> np.ndarray:
 
     Returns:
         (..., V), same dtype. In probability order, a token is kept when the tokens more
-        likely than it sum to less than p. Ties in probability are ordered by token id.
+        likely than it sum to less than p. Among equally likely tokens the higher id comes
+        first (as in HuggingFace): p = 0.5 over 8 equal logits keeps ids 4 … 7.
     """
     logits = as_float_array(logits, "logits")
     check_ndim(logits, "logits", min_ndim=1, shape_hint="(..., V)")
