@@ -62,6 +62,7 @@ def main():
                 os.close(log)
                 r = remote.start(plan["ctl_fd"], plan["test_cpu_seconds"], plan["test_wall_seconds"],
                                  plan["module_labs"], lab)
+                r.warm()
                 _grader_plugin.configure(emit, plan["test_cpu_seconds"], plan["test_wall_seconds"], lab)
                 try:
                     code = pytest.main([*job["tests"], *plan["pytest_args"], "-p", "_grader_plugin"])

@@ -87,11 +87,12 @@ def isolation_mode() -> str:
 
 
 _dropping: dict[int, bool] = {}
+TEST_UID, LAB_UID = 61000, 62000  # + the job slot (the test process); + 64 × slot + the lab's index
 
 
-def can_drop_to(uid: int) -> bool:
-    """Without bubblewrap, as root: can this Python run as ``uid`` (its installation readable
-    by others)? If not, processes keep root's uid and the audit hook is the only fence."""
+def can_drop_to(uid: int = LAB_UID) -> bool:
+    """Without bubblewrap, as root: can this Python run as another user (its installation
+    readable by others)? If not, processes keep root's uid and the audit hook is the only fence."""
     if uid not in _dropping:
         def drop():
             os.setgroups([])
@@ -232,7 +233,10 @@ class _LabProcesses:
                  labs: dict[str, list[str]]):
         self.scratch, self.inside, self.limits, self.mode, self.env = scratch, inside, limits, mode, env
         self.labs = labs  # lab → the lab folders of its tree (earlier labs and itself)
-        self.uid = 62000 + slot if os.geteuid() == 0 and (mode == "bwrap" or can_drop_to(62000 + slot)) else None
+        # As root, each lab's process is its own user, owner of its own tree alone: lab 03's
+        # code cannot read the reference bytecode of lab 03 that lab 04's tree holds.
+        self.drop = os.geteuid() == 0 and (mode == "bwrap" or can_drop_to())
+        self.uids = {lab: LAB_UID + 64 * slot + i for i, lab in enumerate(labs)}
         self.procs: dict[int, _LabProcess] = {}
         self.next_sid = 1
         self.lock = threading.Lock()
@@ -294,9 +298,9 @@ class _LabProcesses:
                       str(inside / "kit" / "_grader_labserver.py"),
                       "--bind", str(scratch / "tmp"), str(inside / "tmp"),
                       "--bind", str(scratch / "swork"), str(inside / "swork")]
-            cmd = _bwrap(python_roots(), mounts, str(inside / "swork"), self.uid) + cmd
+            cmd = _bwrap(python_roots(), mounts, str(inside / "swork"), self.uids[lab] if self.drop else None) + cmd
         log = open(scratch / "slogs" / f"{lab}.txt", "ab")
-        uid = self.uid if self.mode != "bwrap" else None  # bwrap drops to it itself
+        uid = self.uids[lab] if self.drop and self.mode != "bwrap" else None  # bwrap drops to it itself
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     pass_fds=(theirs.fileno(),), cwd=str(scratch / "swork"), env=self.env,
@@ -395,27 +399,30 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
                                       "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "LANG")},
                "HOME": str(inside / "swork"), "TMPDIR": str(inside / "tmp")}
     root = os.geteuid() == 0
-    (scratch / "tmp").chmod(0o1777)
+    for shared in ("tmp", "swork", "slogs"):  # every process writes here; each its own files
+        (scratch / shared).chmod(0o1777)
     if root:
         # The lab process runs as another user: the tests, fixtures and hidden tests are
         # the test process's alone (bubblewrap does not even mount them for the lab process).
-        _chown_tree(scratch / "kit" / "tests", 61000 + slot)
+        _chown_tree(scratch / "kit" / "tests", TEST_UID + slot)
         (scratch / "kit" / "tests").chmod(0o700)
-        _chown_tree(scratch / "work", 61000 + slot)
-        _chown_tree(scratch / "logs", 61000 + slot)
-        _chown_tree(scratch / "swork", 62000 + slot)
-        _chown_tree(scratch / "slogs", 62000 + slot)
+        _chown_tree(scratch / "work", TEST_UID + slot)
+        _chown_tree(scratch / "logs", TEST_UID + slot)
     cmd = [sys.executable, "-I", "-S", "-B", str(inside / "kit" / "_grader_boot.py"), str(inside / "plan.json")]
     drop_uid = None
     if mode == "bwrap":
         mounts = ["--bind", str(scratch), SANDBOX_ROOT, "--ro-bind", str(scratch / "kit"), str(inside / "kit"),
                   "--tmpfs", str(inside / "impl"), "--tmpfs", str(inside / "swork")]
-        cmd = _bwrap(roots, mounts, str(inside / "work"), 61000 + slot if root else None) + cmd
-    elif root and can_drop_to(61000 + slot):
-        drop_uid = 61000 + slot
+        cmd = _bwrap(roots, mounts, str(inside / "work"), TEST_UID + slot if root else None) + cmd
+    elif root and can_drop_to():
+        drop_uid = TEST_UID + slot
     labs = {j["lab"]: sorted(p.name for p in (scratch / "impl" / j["lab"]).iterdir() if p.is_dir())
             for j in jobs}
     children = _LabProcesses(scratch, inside, limits, mode, slot, lab_env, labs)
+    if children.drop:
+        for lab, uid in children.uids.items():
+            _chown_tree(scratch / "impl" / lab, uid)
+            (scratch / "impl" / lab).chmod(0o700)
     out_chunks: list[bytes] = []
     res_chunks: list[bytes] = []
     flags: dict = {}
