@@ -91,6 +91,28 @@ def _attack(name, args, kwargs):
             return a
     return NotImplemented
 """,
+    # Use the reference: the later lab's tree holds lab 01's reference bytecode.
+    "borrow-reference": """
+import os, importlib.machinery, importlib.util
+_ref = []
+def _find():
+    for root in ("/sandbox", "..", "../.."):
+        for d, _, files in os.walk(root):
+            if "causal_mask.pyc" in files:
+                path = os.path.join(d, "causal_mask.pyc")
+                try:
+                    loader = importlib.machinery.SourcelessFileLoader("ref_cm", path)
+                    spec = importlib.util.spec_from_loader("ref_cm", loader)
+                    mod = importlib.util.module_from_spec(spec)
+                    loader.exec_module(mod)
+                    return mod
+                except Exception:
+                    continue
+def _attack(name, args, kwargs):
+    if not _ref:
+        _ref.append(_find())
+    return getattr(_ref[0], name)(*args, **kwargs) if _ref[0] is not None else NotImplemented
+""",
     # Results that compare equal to anything.
     "fake-equal": """
 import numpy as np
@@ -180,7 +202,7 @@ def test_results_that_are_not_plain_data_are_refused_with_a_reason(two_lab_grade
     assert any("plain Python values" in t.message and "Same" in t.message for t in softmax), softmax[0].message
 
 
-@pytest.mark.parametrize("attack", ["forge-results", "scavenge-expected", "monkeypatch"])
+@pytest.mark.parametrize("attack", ["forge-results", "scavenge-expected", "borrow-reference"])
 def test_without_bubblewrap_the_split_still_holds(two_lab_graders, make_submission, attack):
     """No bubblewrap (the grader warns): the lab process is still another process, and as
     root another user; the policy off, the attack still scores nothing."""
