@@ -1,0 +1,186 @@
+"""Lab code in another process behaves, for the tests, like lab code in theirs: the
+stand-ins of ``gptkit.testing.remote`` against a real lab process (``labserver.py``),
+started here without a sandbox by a stand-in for the grader."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gptkit.testing import remote, same_object, shares_memory
+from gptkit.testing.layout import KIT_ROOT
+from grader.sandbox import runner
+
+LAB_CODE = '''
+import numpy as np
+
+class Buffer:
+    def __init__(self, n):
+        self.data = np.zeros((2, n), np.float32)
+        self.length = 0
+    def view(self):
+        return self.data[:, :self.length]
+    def push(self, x):
+        self.data[:, self.length] = x
+        self.length += 1
+        return self
+
+class Picky(ValueError):
+    pass
+
+class Same:
+    def __eq__(self, other):
+        return True
+
+def scale_in_place(x, k):
+    x *= k
+    return None
+
+def identity(x):
+    return x
+
+def draw(rng, n):
+    return rng.normal(size=n)
+
+def apply(fn, x):
+    return fn(x) + 1
+
+def fail(kind):
+    if kind == "picky":
+        raise Picky("a picky error")
+    if kind == "key":
+        raise KeyError("missing")
+    if kind == "exit":
+        import os
+        os._exit(3)
+    if kind == "loop":
+        while True:
+            pass
+    if kind == "same":
+        return Same()
+    if kind == "subclass":
+        return np.zeros(3).view(np.matrix)
+'''
+
+
+class FakeGrader:
+    """What runner's _LabProcesses does, without a sandbox: start, measure, end."""
+
+    def __init__(self, tmp_path):
+        self.tmp = tmp_path
+        (tmp_path / "impl" / "00_test" / "00_test").mkdir(parents=True)  # the grader's layout: impl/<lab>/<lab>/
+        (tmp_path / "impl" / "00_test" / "00_test" / "labmod.py").write_text(LAB_CODE)
+        self.procs = {}
+        self.ours, self.theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        while True:
+            data = self.ours.recv(65536)
+            if not data:
+                return
+            req, fds = json.loads(data), []
+            if req["op"] == "spawn":
+                a, b = socket.socketpair()
+                impl = str(self.tmp / "impl" / "00_test")
+                config = {"sys_path": [impl + "/00_test", str(KIT_ROOT), *sys.path], "impl": impl, "student_path": impl,
+                          "read_roots": [impl, str(KIT_ROOT), *runner.python_roots(), "/usr", sys.prefix],
+                          "write_roots": [str(self.tmp), "/dev/null"]}
+                (self.tmp / "c.json").write_text(json.dumps(config))
+                p = subprocess.Popen([sys.executable, "-I", "-S", "-B", str(runner.HERE / "labserver.py"),
+                                      str(b.fileno()), str(self.tmp / "c.json")], pass_fds=(b.fileno(),))
+                b.close()
+                sid = len(self.procs) + 1
+                self.procs[sid] = p
+                reply, fds = {"sid": sid}, [a]
+            elif req["op"] == "cpu":
+                reply = {"cpu": runner._tree_cpu(self.procs[req["sid"]].pid)}
+            else:
+                p = self.procs[req["sid"]]
+                cpu = runner._tree_cpu(p.pid)
+                deadline = time.monotonic() + req.get("grace", 0)
+                while p.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                p.kill()
+                p.wait()
+                reply = {"cpu": cpu, "exit": p.returncode if p.returncode >= 0 else -1,
+                         "signal": -p.returncode if p.returncode < 0 else 0}
+            socket.send_fds(self.ours, [json.dumps(reply).encode()], [f.fileno() for f in fds])
+            for f in fds:
+                f.close()
+
+
+@pytest.fixture
+def lab(tmp_path):
+    host = FakeGrader(tmp_path)
+    r = remote.start(os.dup(host.theirs.fileno()), 1.0, 20.0, {"labmod": "00_test"}, "00_test")
+    r.begin_test()
+    try:
+        yield r.module("labmod")
+    finally:
+        r.close()
+        remote._active = None
+        for p in host.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+
+
+def test_arrays_numbers_and_objects(lab):
+    buf = lab.Buffer(4)
+    buf.push(np.array([1, 2], np.float32)).push(np.array([3, 4], np.float32))
+    assert buf.length == 2 and buf.view().tolist() == [[1, 3], [2, 4]]
+    buf.length = 1
+    assert buf.view().shape == (2, 1) and isinstance(buf.view(), np.ndarray)
+    assert buf.view().dtype == np.float32 and buf.view().flags.writeable
+
+
+def test_changes_to_arguments_and_identity(lab):
+    x = np.ones(3, np.float32)
+    assert lab.scale_in_place(x, 2.0) is None
+    assert x.tolist() == [2, 2, 2], "an argument changed in place by lab code changes for the test too"
+    assert lab.identity(x) is x, "lab code returning its argument returns the test's own array"
+    buf = lab.Buffer(3)
+    buf.length = 2
+    assert same_object(buf.data, buf.data) and not same_object(buf.data, buf.view())
+    assert shares_memory(buf.view(), buf.data) and not shares_memory(buf.view(), lab.Buffer(3).data)
+
+
+def test_generators_and_callbacks(lab):
+    rng, mirror = np.random.default_rng(5), np.random.default_rng(5)
+    assert np.array_equal(lab.draw(rng, 3), mirror.normal(size=3))
+    assert rng.normal() == mirror.normal(), "the test's generator advances as lab code drew from it"
+    assert lab.apply(lambda v: v * 10, 2) == 21, "a function the test passes is called back"
+
+
+def test_errors(lab):
+    with pytest.raises(ValueError, match="a picky error") as info:
+        lab.fail("picky")
+    assert any("labs/00_test/src/labmod.py line" in n for n in getattr(info.value, "__notes__", []))
+    with pytest.raises(KeyError):
+        lab.fail("key")
+    with pytest.raises(AttributeError):
+        lab.nothing_here
+    for kind, word in (("same", "__eq__"), ("subclass", "subclass")):
+        with pytest.raises(remote.NotPlainData, match=word):
+            lab.fail(kind)
+
+
+def test_a_dying_process_is_started_again(lab):
+    with pytest.raises(remote.LabProcessDied, match="exited with code 3"):
+        lab.fail("exit")
+    r = remote.active()
+    assert r.module("labmod").identity(5) == 5
+
+
+def test_cpu_budget(lab):
+    with pytest.raises(remote.TestTimeLimit):
+        lab.fail("loop")
+    assert remote.active().end_test() >= 1.0
