@@ -2,6 +2,7 @@
 read stored fixtures, and reach PyTorch when it is installed."""
 
 from gptkit.testing.assertions import (
+    assert_causal,
     assert_close,
     assert_float32,
     explains_errors,
@@ -12,5 +13,5 @@ from gptkit.testing.fixtures import diagnosis_label, load_fixture, stored_diagno
 from gptkit.testing.loader import lab
 from gptkit.testing.remote import same_object, shares_memory
 
-__all__ = ["assert_close", "assert_float32", "diagnosis_label", "explains_errors", "lab", "load_fixture",
+__all__ = ["assert_causal", "assert_close", "assert_float32", "diagnosis_label", "explains_errors", "lab", "load_fixture",
            "mismatch_summary", "raises_clearly", "same_object", "shares_memory", "stored_diagnoses"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -93,6 +93,32 @@ def assert_float32(actual, what: str) -> None:
             f"(a float64 constant, np.sqrt of a Python int or an array made without "
             f"dtype= can promote everything to float64)"
         )
+
+
+def assert_causal(
+    run: Callable[[np.ndarray], np.ndarray],
+    x: np.ndarray,
+    t: int,
+    future: Callable[[tuple[int, ...]], np.ndarray],
+    *,
+    what: str,
+    outputs: str = "outputs",
+    cause: str = "a position is attending to the future",
+    atol: float = 1e-6,
+) -> None:
+    """Changing the tokens after position ``t`` must not change ``run``'s outputs at
+    positions 0…t (the sequence axis is axis 1).
+
+    ``future(shape)`` gives the new values for positions t+1…; a failure reads
+    "<what> at positions 0…t: …. changing tokens after position t changed earlier
+    <outputs>: <cause>".
+    """
+    __tracebackhide__ = True
+    before = run(x)
+    changed = x.copy()
+    changed[:, t + 1:] = future(changed[:, t + 1:].shape)
+    assert_close(run(changed)[:, : t + 1], before[:, : t + 1], what=f"{what} at positions 0…{t}", atol=atol,
+                 hint=f"changing tokens after position {t} changed earlier {outputs}: {cause}")
 
 
 class _Raises:

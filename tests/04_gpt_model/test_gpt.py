@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gptkit.testing import assert_close, assert_float32, lab, load_fixture, raises_clearly, stored_diagnoses
+from gptkit.testing import (assert_causal, assert_close, assert_float32, lab, load_fixture, raises_clearly,
+                            stored_diagnoses)
 from gptkit.testing.parameters import set_parameters
 
 G = lab("gpt")
@@ -42,6 +43,14 @@ def _model(case="model", dropout=0.1):
     Fm = p["h.0.mlp.c_fc.weight"].shape[1]
     model = G.GPTModel(V, Dm, layers, H, Fm, L, dropout=dropout, rng=np.random.default_rng(1))
     return set_parameters(model, p, f"GPTModel(vocab_size={V}, d_model={Dm}, num_layers={layers})"), f
+
+
+def _matches_reference(out, f, key, output_name, *, what, hint):
+    """``out`` must match the fixture's ``f[key]`` (naming the catalogued mistake it matches,
+    if any) and be float32."""
+    __tracebackhide__ = True
+    assert_close(out, f[key], what=what, diagnoses=stored_diagnoses(f, key), hint=hint)
+    assert_float32(out, output_name)
 
 
 # --- heads ---------------------------------------------------------------------------------
@@ -89,11 +98,9 @@ def test_merge_heads_inverts_split_heads(heads, d_head, T, B):
 def test_attend_matches_reference():
     layer, _ = _mha()
     f = load_fixture(LAB, "attend")
-    out = layer.attend(f["q"], f["k"], f["v"])
-    assert_close(out, f["out"], what="attend(q, k, v) for 3 heads of width 4, T = S = 7",
-                 diagnoses=stored_diagnoses(f, "out"),
-                 hint="softmax(q·kᵀ/√d_head + causal mask) @ v, for every batch row and head at once")
-    assert_float32(out, "attend output")
+    _matches_reference(layer.attend(f["q"], f["k"], f["v"]), f, "out", "attend output",
+                       what="attend(q, k, v) for 3 heads of width 4, T = S = 7",
+                       hint="softmax(q·kᵀ/√d_head + causal mask) @ v, for every batch row and head at once")
 
 
 def test_attend_with_fewer_queries_than_keys():
@@ -150,24 +157,17 @@ def test_attend_never_looks_at_future_keys(t, seed):
 
 def test_multi_head_attention_matches_reference():
     layer, f = _mha()
-    out = layer(f["x"])
-    assert_close(out, f["out"], what="MultiHeadAttention(12, 3) on x (2, 6, 12)",
-                 diagnoses=stored_diagnoses(f, "out"),
-                 hint="c_attn → split into q, k, v (blocks of width D) → split_heads → attend → "
-                      "merge_heads → c_proj")
-    assert_float32(out, "MultiHeadAttention output")
+    _matches_reference(layer(f["x"]), f, "out", "MultiHeadAttention output",
+                       what="MultiHeadAttention(12, 3) on x (2, 6, 12)",
+                       hint="c_attn → split into q, k, v (blocks of width D) → split_heads → attend → "
+                            "merge_heads → c_proj")
 
 
 @given(st.integers(0, 4), st.integers(0, 2**32 - 1))
 def test_multi_head_attention_is_causal(t, seed):
     layer, f = _mha()
-    x = f["x"]
-    out = layer(x)
-    changed = x.copy()
-    changed[:, t + 1:] = np.random.default_rng(seed).normal(size=changed[:, t + 1:].shape)
-    assert_close(layer(changed)[:, : t + 1], out[:, : t + 1], what=f"MultiHeadAttention outputs at positions 0…{t}",
-                 atol=1e-6, hint=f"changing tokens after position {t} changed earlier outputs: "
-                                 "a position is attending to the future")
+    assert_causal(layer, f["x"], t, lambda shape: np.random.default_rng(seed).normal(size=shape),
+                  what="MultiHeadAttention outputs")
 
 
 def test_multi_head_attention_rejects_bad_input():
@@ -185,22 +185,18 @@ def test_multi_head_attention_rejects_bad_input():
 
 def test_block_matches_reference():
     block, f = _block()
-    out = block(f["x"])
-    assert_close(out, f["out"], what="TransformerBlock(12, 3, 20) on x (2, 6, 12)",
-                 diagnoses=stored_diagnoses(f, "out"),
-                 hint="pre-norm: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))")
-    assert_float32(out, "TransformerBlock output")
+    _matches_reference(block(f["x"]), f, "out", "TransformerBlock output",
+                       what="TransformerBlock(12, 3, 20) on x (2, 6, 12)",
+                       hint="pre-norm: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))")
 
 
 # --- GPTModel -------------------------------------------------------------------------------------
 
 def test_model_logits_match_reference():
     model, f = _model()
-    logits = model(f["ids"])
-    assert_close(logits, f["logits"], what="GPTModel logits (2 layers, V=40, D=12) for ids (2, 7)",
-                 diagnoses=stored_diagnoses(f, "logits"),
-                 hint="wte(ids) + wpe(T) → blocks → ln_f → @ wte.weight.T")
-    assert_float32(logits, "GPTModel logits")
+    _matches_reference(model(f["ids"]), f, "logits", "GPTModel logits",
+                       what="GPTModel logits (2 layers, V=40, D=12) for ids (2, 7)",
+                       hint="wte(ids) + wpe(T) → blocks → ln_f → @ wte.weight.T")
 
 
 def test_model_handles_max_seq_len_tokens():
@@ -235,13 +231,8 @@ def test_parameters_have_gpt2_names():
 @given(st.integers(0, 5), st.integers(0, 2**32 - 1))
 def test_model_is_causal(t, seed):
     model, f = _model()
-    ids = f["ids"]
-    logits = model(ids)
-    changed = ids.copy()
-    changed[:, t + 1:] = np.random.default_rng(seed).integers(0, 40, changed[:, t + 1:].shape)
-    assert_close(model(changed)[:, : t + 1], logits[:, : t + 1], what=f"logits at positions 0…{t}", atol=1e-5,
-                 hint=f"changing tokens after position {t} changed earlier logits: information flows "
-                      "from the future")
+    assert_causal(model, f["ids"], t, lambda shape: np.random.default_rng(seed).integers(0, 40, shape),
+                  what="logits", outputs="logits", cause="information flows from the future", atol=1e-5)
 
 
 def test_dropout_only_while_training():

@@ -249,12 +249,16 @@ def test_not_a_gpt2_checkpoint(tmp_path):
         W.read_checkpoint(folder)
 
 
+def _rewrite_config(folder, f, change):
+    """Replace the checkpoint's config.json by the stored one updated with change(stored)."""
+    config = json.loads(f["config_json"].tobytes())
+    (folder / "config.json").write_text(json.dumps({**config, **change(config)}))
+
+
 def test_config_that_disagrees_with_the_weights(tmp_path):
     folder, f = _checkpoint(tmp_path, "hf_layout")
     W.load_gpt2(folder)
-    config = json.loads(f["config_json"].tobytes())
-    config["n_embd"] = 2 * config["n_embd"]
-    (folder / "config.json").write_text(json.dumps(config))
+    _rewrite_config(folder, f, lambda config: {"n_embd": 2 * config["n_embd"]})
     with raises_clearly(ValueError, when="load_gpt2 with config.json's n_embd doubled", mentions="config"):
         W.load_gpt2(folder)
 
@@ -262,8 +266,7 @@ def test_config_that_disagrees_with_the_weights(tmp_path):
 def test_config_of_another_model(tmp_path):
     folder, f = _checkpoint(tmp_path, "hf_layout")
     W.read_config(folder)
-    config = json.loads(f["config_json"].tobytes())
-    (folder / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
+    _rewrite_config(folder, f, lambda config: {"model_type": "llama"})
     with raises_clearly(ValueError, when="read_config of a llama config.json", mentions="GPT-2"):
         W.read_config(folder)
     (folder / "config.json").write_text("{not json")
