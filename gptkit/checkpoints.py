@@ -55,6 +55,19 @@ class GPT2Shape:
 
 GPT2_SMALL = GPT2Shape(vocab_size=50257, d_model=768, num_layers=12, num_heads=12, max_seq_len=1024)
 
+# Small random GPT-2s for the live checks, by name: each lab's tests pick a few (the names
+# become test ids). Head counts, n_inner and eps vary so that layout mistakes show.
+SMALL_SHAPES = {
+    "2 heads": GPT2Shape(vocab_size=101, d_model=16, num_layers=2, num_heads=2, max_seq_len=24),
+    "6 heads, n_inner": GPT2Shape(vocab_size=64, d_model=48, num_layers=3, num_heads=6, max_seq_len=40, d_ff=72),
+    "1 head, eps 1e-3": GPT2Shape(vocab_size=33, d_model=8, num_layers=1, num_heads=1, max_seq_len=16,
+                                  layer_norm_eps=1e-3),
+    "1 head": GPT2Shape(vocab_size=64, d_model=16, num_layers=2, num_heads=1, max_seq_len=32),
+    "4 heads": GPT2Shape(vocab_size=97, d_model=32, num_layers=3, num_heads=4, max_seq_len=40, d_ff=48),
+    "8 heads, eps 1e-3": GPT2Shape(vocab_size=50, d_model=64, num_layers=2, num_heads=8, max_seq_len=48,
+                                   layer_norm_eps=1e-3),
+}
+
 
 def random_gpt2_state(shape: GPT2Shape, rng: np.random.Generator, *, scale: float = 1.5) -> dict[str, np.ndarray]:
     """float32 parameters under GPT-2's hub names, every one random.

@@ -148,6 +148,16 @@ class _Raises:
         return True
 
 
+def assert_rejects_bad_x(layer: Callable, name: str, width: int, wrong_width: int) -> None:
+    """A layer on x (B, T, D) refuses x of another width and a 2-D x with a ValueError that
+    says which (``name``: the layer as built, e.g. "MultiHeadAttention(12, 3)")."""
+    __tracebackhide__ = True
+    with raises_clearly(ValueError, when=f"{name} on x of width {wrong_width}", mentions="last dimension"):
+        layer(np.zeros((1, 3, wrong_width), np.float32))
+    with raises_clearly(ValueError, when=f"{name.split('(')[0]} on a 2-D x", mentions="dimensions"):
+        layer(np.zeros((3, width), np.float32))
+
+
 def raises_clearly(exc, *, when: str, mentions: str | None = None) -> _Raises:
     """Like ``pytest.raises``, but a miss reads "<when>: expected a ValueError, but nothing
     was raised", and the error's text must mention ``mentions`` when given."""

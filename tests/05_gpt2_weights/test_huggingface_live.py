@@ -12,19 +12,14 @@ import numpy as np
 import pytest
 
 from gptkit.testing import assert_close, lab
-from gptkit.checkpoints import GPT2_SMALL, GPT2Shape
+from gptkit.checkpoints import GPT2_SMALL, SMALL_SHAPES
 from gptkit.testing.layout import KIT_ROOT
 from gptkit.testing.torchref import device, to_numpy, torch_or_skip
 
 pytestmark = pytest.mark.torch
 W = lab("gpt2_weights")
 
-SHAPES = {
-    "2 heads": GPT2Shape(vocab_size=101, d_model=16, num_layers=2, num_heads=2, max_seq_len=24),
-    "6 heads, n_inner": GPT2Shape(vocab_size=64, d_model=48, num_layers=3, num_heads=6, max_seq_len=40, d_ff=72),
-    "1 head, eps 1e-3": GPT2Shape(vocab_size=33, d_model=8, num_layers=1, num_heads=1, max_seq_len=16,
-                                  layer_norm_eps=1e-3),
-}
+SHAPES = {name: SMALL_SHAPES[name] for name in ('2 heads', '6 heads, n_inner', '1 head, eps 1e-3')}
 EXACT_GELU = "GPT-2 computed with the exact (erf) GELU: GPT-2 uses the tanh form (gelu_new)"
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from gptkit.testing import assert_close, lab
-from gptkit.checkpoints import GPT2_SMALL, GPT2Shape, hf_model, random_gpt2_state
+from gptkit.checkpoints import GPT2_SMALL, SMALL_SHAPES, hf_model, random_gpt2_state
 from gptkit.testing.parameters import set_parameters
 from gptkit.testing.torchref import device, to_numpy, to_torch, torch_or_skip
 
@@ -17,12 +17,7 @@ pytestmark = pytest.mark.torch
 S = lab("generation")
 G = lab("gpt")
 
-SHAPES = {
-    "1 head": GPT2Shape(vocab_size=64, d_model=16, num_layers=2, num_heads=1, max_seq_len=32),
-    "4 heads": GPT2Shape(vocab_size=97, d_model=32, num_layers=3, num_heads=4, max_seq_len=40, d_ff=48),
-    "8 heads, eps 1e-3": GPT2Shape(vocab_size=50, d_model=64, num_layers=2, num_heads=8, max_seq_len=48,
-                                   layer_norm_eps=1e-3),
-}
+SHAPES = {name: SMALL_SHAPES[name] for name in ('1 head', '4 heads', '8 heads, eps 1e-3')}
 
 
 def _pair(shape, seed):
