@@ -115,7 +115,7 @@ def test_attend_with_fewer_queries_than_keys():
 def _attention_float64(q, k, v):
     """softmax(q·kᵀ/√d_head + causal mask) @ v in float64; query i sits at position S - T + i."""
     q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
-    T, S = q.shape[2], k.shape[2]
+    T, S = q.shape[-2], k.shape[-2]  # queries, keys
     scores = q @ k.swapaxes(-1, -2) / np.sqrt(q.shape[-1])  # (B, H, T, S)
     future = np.arange(S)[None, :] > np.arange(S - T, S)[:, None]  # key j after query i's position
     scores[..., future] = -np.inf
