@@ -132,6 +132,7 @@ class Remote:
         self.sock = None
         self.reader = None
         self.sid = None
+        self.starting = False
         self.life = 0  # which lab process: stand-ins of an earlier one are dead
         self.restarts = 0
         self.proxies: dict[int, weakref.ref] = {}
@@ -183,6 +184,7 @@ class Remote:
         self.sock.settimeout(self.wall)
         self.reader = wire.Reader(self.sock)
         self.sid = reply["sid"]
+        self.starting = True  # until its "ready": its start-up is charged to no test
         self.life += 1
         self.restarts += 1
         self.cpu_base = 0.0
@@ -208,7 +210,8 @@ class Remote:
         if self.sid is not None:
             try:
                 status, _ = self._host({"op": "kill", "sid": self.sid, "grace": grace})
-                self.cpu_dead += max(0.0, float(status.get("cpu", 0.0)) - self.cpu_base)
+                if not self.starting:
+                    self.cpu_dead += max(0.0, float(status.get("cpu", 0.0)) - self.cpu_base)
             except (OSError, ValueError, LabProcessDied):
                 pass
         if self.sock is not None:
@@ -223,12 +226,13 @@ class Remote:
     def begin_test(self) -> None:
         self.test += 1
         self.cpu_dead = 0.0
-        self.cpu_base = self._cpu() if self.sid is not None else 0.0
+        self.cpu_base = self._cpu() if self.sid is not None and not self.starting else 0.0
         self.died = ""
 
     def end_test(self) -> float:
         """CPU seconds the lab code used during this test (the kernel's count)."""
-        used = self.cpu_dead + (max(0.0, self._cpu() - self.cpu_base) if self.sid is not None else 0.0)
+        running = self.sid is not None and not self.starting
+        used = self.cpu_dead + (max(0.0, self._cpu() - self.cpu_base) if running else 0.0)
         self.dropped += list(self.gens)
         self.callbacks.clear()
         self.gens.clear()
@@ -316,6 +320,8 @@ class Remote:
         __tracebackhide__ = True
         if self.sock is None:
             self._start()
+        if self.starting:
+            self._ready()
         sync = {}
         for ref, gen in self.gens.items():
             state = gen.bit_generator.state
@@ -351,6 +357,22 @@ class Remote:
             self.blocked += [str(b)[:300] for b in blocked[:20]]
         return self._unpack(reply, sent)
 
+    def _ready(self) -> None:
+        """Wait for a new lab process to finish starting; a test's CPU count starts there."""
+        __tracebackhide__ = True
+        try:
+            self._wait("start", count_cpu=False)
+            kind, _, _ = _envelope(self.reader.header())
+        except (OSError, EOFError, socket.timeout) as exc:
+            raise self._died("start", exc) from None
+        except wire.WireError:
+            kind = ""
+        if kind != "ready":
+            self._stop()
+            raise NotPlainData("the lab code's process did not start as expected; it was stopped")
+        self.starting = False
+        self.cpu_base = self._cpu()
+
     def _call_back(self, req: dict) -> None:
         fn = self.callbacks.get(req.get("cb"))
         args, kwargs = req.get("args", []), req.get("kwargs", {})
@@ -365,7 +387,7 @@ class Remote:
         tree = ["cbr", {}, enc(answer)]
         wire.send(self.sock, tree, enc.buffers)
 
-    def _wait(self, op: str) -> None:
+    def _wait(self, op: str, count_cpu: bool = True) -> None:
         """Until the answer starts to arrive; stops the lab process past the time limits."""
         __tracebackhide__ = True
         start = time.monotonic()
@@ -373,7 +395,7 @@ class Remote:
             ready, _, _ = select.select([self.sock], [], [], 0.5)
             if ready:
                 return
-            used = self.cpu_dead + self._cpu() - self.cpu_base
+            used = self.cpu_dead + self._cpu() - self.cpu_base if count_cpu else 0.0
             late = time.monotonic() - start > self.wall
             if used > self.budget + 0.5 or late:
                 self._stop()

@@ -313,6 +313,8 @@ class Server:
         if isinstance(exc, SyntaxError) and exc.filename:
             line = exc.lineno if type(exc.lineno) is int else None
             where = self._as_student_path(exc.filename) + (f" line {line}" if line else "")
+        if isinstance(exc, TestTimeLimit):
+            base = "TestTimeLimit"
         return {"type": kind.__name__ if kind.__module__ == "builtins" else base,
                 "name": kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}",
                 "args": args[:4], "msg": msg[:2000], "where": where, "line": line}
@@ -348,6 +350,7 @@ def main():
     server.blocked = blocked
     _guard(config["read_roots"], config["write_roots"], report)
     sys.stdin.close()
+    wire.send(sock, ["ready", {}, None], [])  # start-up done: from here on, CPU time is the lab code's
     server.serve()
     os._exit(0)
 
