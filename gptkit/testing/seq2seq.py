@@ -60,14 +60,17 @@ def layer_shapes(d_model: int, d_ff: int, *, cross: bool) -> dict[str, tuple[int
 
 def random_layer_state(d_model: int, d_ff: int, rng: np.random.Generator, *, cross: bool,
                        scale: float = 1.5) -> dict[str, np.ndarray]:
-    """Every parameter random: weights ~ scale/√fan_in (sharp attention, activations of
-    unit size), LayerNorm gains N(1, 0.2²), every bias N(0, 0.1²)."""
+    """Every parameter random: q/k/v weights ~ 2·scale/√fan_in (sharp attention), fc1
+    ~ scale/√fan_in, out_proj and fc2 ~ 0.6/√fan_in, LayerNorm gains N(1, 0.2²), every bias N(0, 0.1²)."""
     state = {}
     for name, dims in layer_shapes(d_model, d_ff, cross=cross).items():
         if "layer_norm.weight" in name:
             state[name] = (1 + 0.2 * rng.standard_normal(dims)).astype(np.float32)
         elif name.endswith(".weight"):
-            std = (scale if "out_proj" not in name and "fc2" not in name else 0.6) / np.sqrt(dims[0])
+            if any(p in name for p in ("q_proj", "k_proj", "v_proj")):
+                std = 2 * scale / np.sqrt(dims[0])  # sharp attention: a wrong mask shows
+            else:
+                std = (0.6 if "out_proj" in name or "fc2" in name else scale) / np.sqrt(dims[0])
             state[name] = (std * rng.standard_normal(dims)).astype(np.float32)
         else:
             state[name] = (0.1 * rng.standard_normal(dims)).astype(np.float32)
@@ -77,12 +80,12 @@ def random_layer_state(d_model: int, d_ff: int, rng: np.random.Generator, *, cro
 def random_seq2seq_state(shape: Seq2SeqShape, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """A whole model's parameters under lab 09's names, every one random (the output
     bias ``final_logits_bias`` too: HuggingFace's zero default would hide a missing one)."""
-    state = {"shared.weight": (0.8 * rng.standard_normal((shape.vocab_size, shape.d_model))).astype(np.float32)}
+    state = {"shared.weight": (0.5 * rng.standard_normal((shape.vocab_size, shape.d_model))).astype(np.float32)}
     for side, n, cross in (("encoder", shape.num_layers, False), ("decoder", shape.decoder_layers, True)):
         for i in range(n):
             for k, v in random_layer_state(shape.d_model, shape.d_ff, rng, cross=cross).items():
                 state[f"{side}.layers.{i}.{k}"] = v
-    state["final_logits_bias"] = (0.5 * rng.standard_normal(shape.vocab_size)).astype(np.float32)
+    state["final_logits_bias"] = (0.2 * rng.standard_normal(shape.vocab_size)).astype(np.float32)
     return state
 
 
