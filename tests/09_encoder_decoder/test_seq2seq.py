@@ -83,6 +83,7 @@ def test_decoder_mask_is_causal_and_hides_target_padding():
 
 
 def test_masks_reject_non_bool_keep():
+    M.cross_attention_mask(np.ones((2, 3), bool), 2)  # valid input first: an unfinished stub fails here
     with raises_clearly(TypeError, when="cross_attention_mask on an int keep array", mentions="bool"):
         M.cross_attention_mask(np.ones((2, 3), np.int64), 2)
 
