@@ -230,6 +230,17 @@ class DecoderLayer(_Block):
         self._init_ffn(d_model, d_ff, dropout, activation, norm_first, rng)
         self.final_layer_norm = LayerNorm(d_model, eps=layer_norm_eps)
 
+    def cached_self_attention(self, h: np.ndarray, mask, cache, index: int) -> np.ndarray:
+        """The masked self-attention of ``h`` (B, T, D); with a ``cache``, the new tokens'
+        keys and values are appended to layer ``index``'s buffers and every cached token is
+        attended over (written for you: lab 06's KV cache)."""
+        attn = self.self_attn
+        if cache is None:
+            return attn(h, mask=mask)
+        q = attn.split_heads(attn.q_proj(h))
+        k, v = cache.update(index, *attn.project_kv(h))  # every token so far
+        return attn.out_proj(attn.merge_heads(attn.attend(q, k, v, mask)))
+
     def forward(self, x: np.ndarray, memory: np.ndarray, self_mask: np.ndarray | None = None,
                 cross_mask: np.ndarray | None = None, *, cache: "DecoderCache | None" = None,
                 index: int = 0) -> np.ndarray:
@@ -243,17 +254,8 @@ class DecoderLayer(_Block):
                 them; the cross-attention uses the cached keys and values of ``memory``
                 when the cache holds them (``memory`` is then not read).
         """
-        attn, cross = self.self_attn, self.encoder_attn
-
-        def self_attention(h):
-            if cache is None:
-                return attn(h, mask=self_mask)
-            q = attn.split_heads(attn.q_proj(h))
-            k, v = cache.update(index, *attn.project_kv(h))  # every token so far
-            return attn.out_proj(attn.merge_heads(attn.attend(q, k, v, self_mask)))
-
         # YOUR CODE HERE
-        raise NotImplementedError('Lab 09 · DecoderLayer.forward.self_attention: cross-attention: queries from the decoder stream, keys/values of memory (cached when the cache has them); three sub-layers')
+        raise NotImplementedError('Lab 09 · DecoderLayer.forward: cross-attention: queries from the decoder stream, keys/values of memory (cached when the cache has them); three sub-layers')
 
 
 class Encoder(Layer):
