@@ -20,6 +20,9 @@ end). Timed:
 
 Each timing is the best of ``--repeats`` runs after a warm-up run (the uncached ones:
 one run). Times include the encoder. This script prints; it asserts nothing.
+
+On a shared, busy machine use ``--threads 1``: OpenBLAS threads that wait for a busy
+core spin, and a 2-thread run there was ten times slower than a 1-thread one.
 """
 
 from __future__ import annotations
