@@ -1,0 +1,342 @@
+"""Lab 09 · padding masks, cross-attention, post-norm encoder and decoder layers, the
+encoder–decoder model (MarianMT's layout) and greedy decoding with cached cross-attention."""
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gptkit.testing import assert_close, assert_float32, explains_errors, lab, load_fixture, raises_clearly, stored_diagnoses
+from gptkit.testing.parameters import set_parameters
+
+M = lab("seq2seq")
+LAB = "09_encoder_decoder"
+D, H, F = 16, 4, 24  # the fixtures' sizes: d_head = 4
+PAD = 0
+SHAPE_HINT = ("a mask is (B, 1, T, S): T queries (target positions) by S keys (source positions); a shape "
+              "error here often means a mask built (B, 1, S, T), or cross-attention keys and values taken "
+              "from the decoder stream instead of the encoder's output (memory)")
+
+
+def _params(f, prefix="param."):
+    return {k[len(prefix):]: v for k, v in f.items() if k.startswith(prefix)}
+
+
+def _model_kwargs(f):
+    p = _params(f)
+    V, Dm = p["shared.weight"].shape
+    enc = len({k.split(".")[2] for k in p if k.startswith("encoder.layers.")})
+    dec = len({k.split(".")[2] for k in p if k.startswith("decoder.layers.")})
+    return dict(vocab_size=V, d_model=Dm, num_layers=enc, num_decoder_layers=dec, num_heads=H,
+                d_ff=p["encoder.layers.0.fc1.weight"].shape[1], max_seq_len=16, pad_id=PAD)
+
+
+def _model(case="model", **kw):
+    f = load_fixture(LAB, case)
+    model = M.EncoderDecoderModel(**_model_kwargs(f), rng=np.random.default_rng(1), **kw)
+    return set_parameters(model, _params(f), "EncoderDecoderModel"), f
+
+
+def _decoder_layer(case="decoder_layer", activation="gelu", norm_first=False, dropout=0.0):
+    f = load_fixture(LAB, case)
+    layer = M.DecoderLayer(D, H, F, dropout, activation=activation, norm_first=norm_first, rng=np.random.default_rng(1))
+    return set_parameters(layer, _params(f), f"DecoderLayer({D}, {H}, {F})"), f
+
+
+# --- masks ----------------------------------------------------------------------------------------
+
+def test_padding_and_length_masks():
+    f = load_fixture(LAB, "masks")
+    assert_close(M.padding_mask(f["src"], PAD), f["padding"], what="padding_mask(src, pad_id=0)", atol=0, rtol=0,
+                 hint="True at real tokens, False where the id is the padding id")
+    assert_close(M.length_mask(np.array([5, 3, 0]), 5), f["lengths_mask"], what="length_mask([5, 3, 0], 5)",
+                 atol=0, rtol=0, hint="row b is True at positions 0 … lengths[b]-1")
+
+
+def test_cross_attention_mask_hides_source_padding_only():
+    f = load_fixture(LAB, "masks")
+    keep = f["src"] != PAD
+    got = np.asarray(M.cross_attention_mask(keep, 3))
+    assert got.shape == (3, 1, 3, 5), (
+        f"cross_attention_mask(src_keep (3, 5), tgt_len=3) must be (B, 1, T, S) = (3, 1, 3, 5), got {got.shape}: "
+        "the query (target) length comes before the key (source) length")
+    assert_close(got, f["cross"], what="cross_attention_mask for T = 3 queries over S = 5 source keys", atol=0, rtol=0,
+                 diagnoses=stored_diagnoses(f, "cross"),
+                 hint="every target query sees every real source token (no causal mask: the source is all "
+                      "known) and none of the source padding")
+
+
+def test_encoder_mask_is_key_padding_without_causality():
+    f = load_fixture(LAB, "masks")
+    got = np.asarray(M.encoder_mask(f["src"] != PAD))
+    assert_close(got, f["encoder"], what="encoder_mask (B, 1, S, S)", atol=0, rtol=0,
+                 hint="the encoder's self-attention has no causal mask: each position sees every real source "
+                      "token, none of the padding")
+
+
+def test_decoder_mask_is_causal_and_hides_target_padding():
+    f = load_fixture(LAB, "masks")
+    got = np.asarray(M.decoder_mask(f["tgt_keep"]))
+    assert_close(got, f["decoder"], what="decoder_mask (B, 1, T, T)", atol=0, rtol=0,
+                 diagnoses=stored_diagnoses(f, "decoder"),
+                 hint="query t may see key u when u ≤ t (causal) AND u is a real target token: the target "
+                      "padding must be hidden too")
+
+
+def test_masks_reject_non_bool_keep():
+    M.cross_attention_mask(np.ones((2, 3), bool), 2)  # valid input first: an unfinished stub fails here
+    with raises_clearly(TypeError, when="cross_attention_mask on an int keep array", mentions="bool"):
+        M.cross_attention_mask(np.ones((2, 3), np.int64), 2)
+
+
+# --- attention ------------------------------------------------------------------------------------
+
+def _attention():
+    f = load_fixture(LAB, "attention")
+    layer = M.Attention(D, H, rng=np.random.default_rng(1))
+    return set_parameters(layer, _params(f), f"Attention({D}, {H})"), f
+
+
+def test_cross_attention_matches_reference():
+    layer, f = _attention()
+    with explains_errors("Attention(x (3, 4, D), memory (3, 6, D), mask (3, 1, 4, 6))", SHAPE_HINT):
+        out = layer(f["x"], f["memory"], M.cross_attention_mask(f["mem_keep"], 4))
+    assert_close(out, f["cross"], what="cross-attention: queries from x (T = 4), keys and values from memory (S = 6)",
+                 hint="q = q_proj(x); k, v = k_proj(memory), v_proj(memory); softmax(q·kᵀ/√d_head, padded "
+                      "source keys hidden) @ v; out_proj. A query with no source key at all gets zeros")
+    assert_float32(out, "Attention output")
+
+
+def test_fully_padded_source_row_gives_no_nan():
+    layer, f = _attention()
+    out = layer(f["x"], f["memory"], M.cross_attention_mask(f["mem_keep"], 4))
+    assert np.isfinite(out).all(), (
+        "row 2 of the source is all padding: its queries may see no key, and the cross-attention output "
+        "holds NaN (a softmax over a row of -inf). Give such a row zero weights instead")
+    assert_close(out[2], np.broadcast_to(layer.out_proj.bias, (4, D)), what="the fully padded row's output",
+                 hint="with no key to attend to, the attention output is 0, so the layer returns out_proj's bias")
+
+
+def test_masked_self_attention_matches_reference():
+    layer, f = _attention()
+    out = layer(f["x"], mask=M.decoder_mask(f["self_keep"]))
+    assert_close(out, f["self"], what="self-attention (memory=None) under decoder_mask",
+                 hint="with memory=None, keys and values come from x itself")
+
+
+@given(st.integers(0, 2), st.integers(0, 2**32 - 1))
+def test_cross_attention_ignores_padded_memory(row, seed):
+    layer, f = _attention()
+    keep = f["mem_keep"]
+    out = layer(f["x"], f["memory"], M.cross_attention_mask(keep, 4))
+    memory = f["memory"].copy()
+    rng = np.random.default_rng(seed)
+    memory[row][~keep[row]] = rng.normal(size=memory[row][~keep[row]].shape) * 10
+    assert_close(layer(f["x"], memory, M.cross_attention_mask(keep, 4)), out, what="cross-attention after changing "
+                 "padded memory positions", hint="changing the encoder's output at padded source positions changed "
+                 "the result: source padding is not masked")
+
+
+# --- layers ---------------------------------------------------------------------------------------
+
+def test_encoder_layer_matches_reference():
+    f = load_fixture(LAB, "encoder_layer")
+    layer = set_parameters(M.EncoderLayer(D, H, F, rng=np.random.default_rng(1)), _params(f), "EncoderLayer")
+    out = layer(f["x"], M.encoder_mask(f["src_keep"]))
+    assert_close(out, f["out"], what="EncoderLayer (post-norm, ReLU) on x (3, 6, 16)",
+                 diagnoses=stored_diagnoses(f, "out"),
+                 hint="post-norm: x = LN(x + SelfAttn(x)); x = LN(x + FFN(x)), no causal mask, each "
+                      "sub-layer with its own LayerNorm and the residual inside the LayerNorm")
+    assert_float32(out, "EncoderLayer output")
+
+
+def test_decoder_layer_post_norm_matches_reference():
+    layer, f = _decoder_layer()
+    with explains_errors("DecoderLayer on x (3, 4, D) over memory (3, 6, D)", SHAPE_HINT):
+        out = layer(f["x"], f["memory"], M.decoder_mask(f["tgt_keep"]), M.cross_attention_mask(f["src_keep"], 4))
+    assert_close(out, f["out"], what="DecoderLayer (post-norm, GELU) on x (3, 4, 16) over memory (3, 6, 16)",
+                 diagnoses=stored_diagnoses(f, "out"),
+                 hint="post-norm: x = LN(x + SelfAttn(x)); x = LN(x + CrossAttn(x, memory)); x = LN(x + FFN(x)), "
+                      "each sub-layer with its own LayerNorm; the cross-attention's keys and values come from "
+                      "the encoder's output")
+    assert_float32(out, "DecoderLayer output")
+
+
+def test_decoder_layer_pre_norm_matches_reference():
+    layer, f = _decoder_layer("decoder_layer_pre", activation="relu", norm_first=True)
+    with explains_errors("DecoderLayer(norm_first=True)", SHAPE_HINT):
+        out = layer(f["x"], f["memory"], M.decoder_mask(f["tgt_keep"]), M.cross_attention_mask(f["src_keep"], 4))
+    assert_close(out, f["out"], what="DecoderLayer (pre-norm, norm_first=True, ReLU)",
+                 diagnoses=stored_diagnoses(f, "out"),
+                 hint="pre-norm: x = x + SelfAttn(LN(x)); x = x + CrossAttn(LN(x), memory); x = x + FFN(LN(x))")
+
+
+@given(st.integers(0, 2), st.integers(0, 2**32 - 1))
+def test_decoder_layer_is_causal(t, seed):
+    layer, f = _decoder_layer()
+    x, mem = f["x"], f["memory"]
+    keep = np.ones((3, 4), bool)
+    args = (M.decoder_mask(keep), M.cross_attention_mask(f["src_keep"], 4))
+    out = layer(x, mem, *args)
+    changed = x.copy()
+    changed[:, t + 1:] = np.random.default_rng(seed).normal(size=changed[:, t + 1:].shape)
+    assert_close(layer(changed, mem, *args)[:, : t + 1], out[:, : t + 1], what=f"DecoderLayer outputs at 0…{t}",
+                 hint=f"changing target positions after {t} changed earlier outputs: the decoder's "
+                      "self-attention must be causal")
+
+
+def test_decoder_layers_use_their_own_layernorms():
+    layer, f = _decoder_layer()
+    args = (f["x"], f["memory"], M.decoder_mask(f["tgt_keep"]), M.cross_attention_mask(f["src_keep"], 4))
+    before = layer(*args)
+    for name in ("encoder_attn_layer_norm", "final_layer_norm"):
+        norm = getattr(layer, name)
+        saved = norm.weight.copy()
+        norm.weight = saved * 2
+        after = layer(*args)
+        norm.weight = saved
+        assert not np.allclose(after, before), (
+            f"doubling {name}.weight changed nothing: each of the three sub-layers has its own LayerNorm "
+            "(self_attn_layer_norm, encoder_attn_layer_norm, final_layer_norm)")
+
+
+def test_dropout_only_while_training():
+    layer, f = _decoder_layer(dropout=0.3)
+    args = (f["x"], f["memory"], M.decoder_mask(f["tgt_keep"]), M.cross_attention_mask(f["src_keep"], 4))
+    assert_close(layer(*args), f["out"], what="DecoderLayer(dropout=0.3) in eval mode",
+                 hint="dropout is active in eval mode: in eval mode it must be the identity")
+    layer.train()
+    assert not np.allclose(layer(*args), f["out"]), "DecoderLayer(dropout=0.3).train() never applies dropout"
+
+
+# --- the model ------------------------------------------------------------------------------------
+
+def test_sinusoids_in_marian_order():
+    f = load_fixture(LAB, "sinusoids")
+    assert_close(M.marian_sinusoids(12, D), f["table"], what="marian_sinusoids(12, 16)",
+                 diagnoses=stored_diagnoses(f, "table"),
+                 hint="MarianMT puts every sine first (columns 0 … D/2-1), then every cosine of the same "
+                      "angles (columns D/2 … D-1)")
+
+
+def test_shift_right_for_teacher_forcing():
+    f = load_fixture(LAB, "model")
+    got = M.shift_right(f["labels"], PAD, PAD)
+    assert np.array_equal(got, f["tgt"]), (
+        f"shift_right(labels, start_id=0, pad_id=0): expected {f['tgt'].tolist()}, got {np.asarray(got).tolist()}: "
+        "the decoder input is the start token followed by labels[:, :-1], with -100 replaced by the padding id")
+
+
+def test_model_logits_match_marian():
+    model, f = _model()
+    with explains_errors("EncoderDecoderModel(src (3, 7), tgt (3, 6))", SHAPE_HINT):
+        logits = model(f["src"], f["tgt"], tgt_keep=f["tgt_keep"])
+    assert_close(logits, f["logits"], what="logits vs HuggingFace MarianMTModel (stored), padded source and target",
+                 atol=1e-4, rtol=1e-4, diagnoses=stored_diagnoses(f, "logits"),
+                 hint="embed (tokens·√D + Marian's sinusoids) → encoder → decoder (causal self-attention, "
+                      "cross-attention over the real source tokens) → @ shared.weight.T + final_logits_bias")
+    assert_float32(logits, "EncoderDecoderModel logits")
+
+
+def test_model_variants_match_reference():
+    f = load_fixture(LAB, "model_variants")
+    kw = _model_kwargs({"param.shared.weight": f["param.src_embed.weight"],
+                        **{k: v for k, v in f.items() if k.startswith("param.") and "shared" not in k}})
+    kw.update(share_embeddings=False, positions="learned", norm_first=True, activation="gelu")
+    model = set_parameters(M.EncoderDecoderModel(**kw, rng=np.random.default_rng(1)), _params(f),
+                           "EncoderDecoderModel(share_embeddings=False, positions='learned', norm_first=True)")
+    assert_close(model(f["src"], f["tgt"]), f["logits"], what="separate embeddings, learned positions, pre-norm",
+                 atol=1e-4, rtol=1e-4, hint="the head is tied to tgt_embed; pre-norm stacks end with their layer_norm")
+
+
+@given(st.integers(1, 5), st.integers(0, 2**32 - 1))
+def test_model_is_causal_in_the_target(t, seed):
+    model, f = _model()
+    logits = model(f["src"], f["tgt"])
+    changed = f["tgt"].copy()
+    changed[:, t:] = np.random.default_rng(seed).integers(1, 40, changed[:, t:].shape)
+    assert_close(model(f["src"], changed)[:, :t], logits[:, :t], what=f"logits at target positions 0…{t - 1}",
+                 atol=1e-4, hint=f"changing target tokens from position {t} on changed earlier logits: "
+                                 "information flows from the future")
+
+
+@given(st.integers(1, 4))
+def test_more_source_padding_changes_nothing(extra):
+    model, f = _model()
+    src = f["src"]
+    logits = model(src, f["tgt"])
+    longer = np.concatenate([src, np.full((src.shape[0], extra), PAD)], axis=1)
+    with explains_errors(f"EncoderDecoderModel on the source with {extra} more padding columns", SHAPE_HINT):
+        got = model(longer, f["tgt"])
+    assert_close(got, logits, what=f"logits with {extra} more source padding columns", atol=1e-4,
+                 hint="extending the source padding changed the output: padded source positions must be "
+                      "masked in the encoder and in the cross-attention")
+
+
+def test_permuting_the_batch_permutes_the_output():
+    model, f = _model()
+    logits = model(f["src"], f["tgt"], tgt_keep=f["tgt_keep"])
+    order = np.array([2, 0, 1])
+    got = model(f["src"][order], f["tgt"][order], tgt_keep=f["tgt_keep"][order])
+    assert_close(got, logits[order], what="logits of the batch in another order", atol=1e-5,
+                 hint="rows of a batch must not influence each other (a mask or a reshape mixes rows)")
+
+
+def test_shared_embedding_is_tied_to_the_head():
+    model, f = _model()
+    before = model(f["src"], f["tgt"])
+    model.final_logits_bias = model.final_logits_bias + 1
+    assert_close(model(f["src"], f["tgt"]), before + 1, what="logits after adding 1 to final_logits_bias",
+                 hint="the logits are decoder output @ shared.weight.T + final_logits_bias")
+
+
+# --- decoding ---------------------------------------------------------------------------------------
+
+def test_greedy_matches_marian_generate():
+    model, _ = _model()
+    f = load_fixture(LAB, "greedy")
+    for kw, key in (({}, "tokens"), ({"eos_id": int(f["eos"])}, "tokens_eos")):
+        got = np.asarray(M.greedy_decode(model, f["src"], 10, **kw))
+        assert got.shape == f[key].shape and np.array_equal(got, f[key]), (
+            f"greedy_decode(model, src, 10, {kw}) must equal MarianMT's generate(): expected "
+            f"{f[key].tolist()}, got {got.tolist()} (start with the padding id; after EOS a row only pads)")
+
+
+def test_cached_step_equals_full_decode():
+    model, f = _model()
+    src, keep = f["src"], f["src"] != PAD
+    memory = model.encode(src, keep)
+    ids = np.concatenate([np.zeros((3, 1), np.int64), f["tgt"][:, 1:]], axis=1)
+    full = model.decode(ids, memory, keep)
+    cache = M.DecoderCache(model, memory)
+    pieces = [M.decode_step(model, ids[:, a:b], memory, keep, cache) for a, b in ((0, 2), (2, 3), (3, 6))]
+    assert_close(np.concatenate(pieces, axis=1), full, what="decode_step in pieces 2 + 1 + 3 vs decode of all 6",
+                 atol=1e-4, hint="new tokens sit at positions cache.length …: their self-attention sees every "
+                                 "cached key (causal mask of T queries over length+T keys), the cross-attention "
+                                 "the cached keys and values of the encoder's output")
+
+
+def test_encoder_runs_once_and_cross_attention_is_cached():
+    model, f = _model()
+    calls = {"encode": 0, "project_kv": 0}
+    encode = model.encode
+
+    def counted_encode(*args, **kw):
+        calls["encode"] += 1
+        return encode(*args, **kw)
+    model.encode = counted_encode
+    for i, layer in enumerate(model.decoder.layers):
+        project = layer.encoder_attn.project_kv
+
+        def counted_project(*args, _project=project, **kw):
+            calls["project_kv"] += 1
+            return _project(*args, **kw)
+        layer.encoder_attn.project_kv = counted_project
+    M.greedy_decode(model, f["src"], 8)
+    assert calls["encode"] == 1, (
+        f"greedy_decode for 8 tokens ran the encoder {calls['encode']} times: run model.encode once per "
+        "call and reuse its output at every step")
+    n = len(model.decoder.layers)
+    assert calls["project_kv"] == n, (
+        f"greedy_decode for 8 tokens computed the cross-attention keys and values {calls['project_kv']} times "
+        f"for {n} decoder layers: compute them once per layer (DecoderCache) and read them from the cache, "
+        "cached, at every step")
