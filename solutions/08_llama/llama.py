@@ -425,9 +425,11 @@ def model_name(name: str) -> str | None:
     """
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, got {type(name).__name__}")
+    ### BEGIN SOLUTION None for the rotary buffers; strip a leading "model."
     if name.endswith("rotary_emb.inv_freq"):
         return None
     return name[len("model."):] if name.startswith("model.") else name
+    ### END SOLUTION
 
 
 def to_model_layout(name: str, array: np.ndarray) -> np.ndarray:
