@@ -402,16 +402,16 @@ def clip_grad_norm(grads: dict[str, np.ndarray], max_norm: float):
     ``torch.nn.utils.clip_grad_norm_`` does: factor min(1, max_norm / (norm + 1e-6)).
 
     Returns:
-        ``(grads, norm)``: the same dict, scaled in place, and the norm before clipping as a
-        Python float.
+        ``(clipped, norm)``: a new dict, same names, of the scaled gradients (the given
+        arrays themselves where no scaling is needed), and the norm before clipping as a
+        Python float. The arrays given are not modified.
     """
     ### BEGIN SOLUTION one norm over all gradients together; one factor for all of them
     total = math.sqrt(sum(float(np.vdot(g, g)) for g in grads.values()))
     factor = max_norm / (total + 1e-6)
-    if factor < 1.0:
-        for g in grads.values():
-            g *= factor
-    return grads, total
+    if factor >= 1.0:
+        return dict(grads), total
+    return {name: g * factor for name, g in grads.items()}, total
     ### END SOLUTION
 
 

@@ -362,6 +362,9 @@ def test_clip_grad_norm_matches_torch():
     for label in ("big", "small"):
         grads = {k: f[f"{label}.{k}"].copy() for k in names}
         clipped, norm = S.clip_grad_norm(grads, float(f["max_norm"]))
+        for k in names:
+            assert np.array_equal(grads[k], f[f"{label}.{k}"]), (
+                f"clip_grad_norm changed the gradient {k!r} it was given: return the scaled gradients in a new dict")
         assert_close(np.float64(norm), f[f"{label}_norm"], what=f"clip_grad_norm's norm ({label} gradients)",
                      atol=1e-6, hint="the norm of all gradients together, before clipping",
                      diagnoses=stored_diagnoses(f, f"{label}_norm"))

@@ -276,8 +276,9 @@ def clip_grad_norm(grads: dict[str, np.ndarray], max_norm: float):
     ``torch.nn.utils.clip_grad_norm_`` does: factor min(1, max_norm / (norm + 1e-6)).
 
     Returns:
-        ``(grads, norm)``: the same dict, scaled in place, and the norm before clipping as a
-        Python float.
+        ``(clipped, norm)``: a new dict, same names, of the scaled gradients (the given
+        arrays themselves where no scaling is needed), and the norm before clipping as a
+        Python float. The arrays given are not modified.
     """
     # YOUR CODE HERE
     raise NotImplementedError('Lab 07 · clip_grad_norm: one norm over all gradients together; one factor for all of them')
