@@ -567,25 +567,26 @@ def write_safetensors(path, tensors: dict[str, np.ndarray], metadata: dict[str, 
     Names in sorted order. dtypes: float32, float64, float16, int64, int32. Returns the path.
     """
     ### BEGIN SOLUTION a header entry per tensor (dtype, shape, offsets), JSON padded to 8, then the raw bytes
-    header: dict = {"__metadata__": dict(metadata)} if metadata else {}
-    blobs, offset = [], 0
-    for name in sorted(tensors):
-        arr = np.asarray(tensors[name])
-        if arr.dtype.name not in _DTYPES:
-            raise TypeError(f"{name}: cannot store dtype {arr.dtype} (only {', '.join(_DTYPES)})")
-        data = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
-        header[name] = {"dtype": _DTYPES[arr.dtype.name], "shape": list(arr.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    head = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    head += b" " * (-len(head) % 8)
+    entries: dict = {}
+    chunks, start = [], 0
+    for key in sorted(tensors):
+        value = np.asarray(tensors[key])
+        if value.dtype.name not in _DTYPES:
+            raise TypeError(f"{key}: cannot store dtype {value.dtype} (only {', '.join(_DTYPES)})")
+        raw = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<")).tobytes()
+        entries[key] = {"dtype": _DTYPES[value.dtype.name], "shape": list(value.shape),
+                        "data_offsets": [start, start + len(raw)]}
+        chunks.append(raw)
+        start += len(raw)
+    if metadata:
+        entries["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    text = json.dumps(entries, separators=(",", ":")).encode("utf-8")
+    text = text + b" " * ((8 - len(text) % 8) % 8)  # the data starts on an 8-byte boundary
     path = Path(path)
     with open(path, "wb") as f:
-        f.write(len(head).to_bytes(8, "little"))
-        f.write(head)
-        for data in blobs:
-            f.write(data)
+        f.write(len(text).to_bytes(8, "little") + text)
+        for raw in chunks:
+            f.write(raw)
     return path
     ### END SOLUTION
 
