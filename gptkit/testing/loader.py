@@ -76,8 +76,9 @@ class _LabModule:
         if attr.startswith("__"):
             raise AttributeError(attr)
         module = self._load()
+        r = remote.active()
         try:
-            return getattr(module, attr)
+            return r.module_attr(self._name, module, attr) if r is not None else getattr(module, attr)
         except AttributeError as exc:
             if getattr(exc, "lab_error", None) is not None and f"'{attr}'" not in str(exc):
                 raise  # raised by lab code while the module's attribute was computed

@@ -137,6 +137,7 @@ class Remote:
         self.proxies: dict[int, weakref.ref] = {}
         self.released: list[int] = []
         self.modules: dict[str, RemoteObject] = {}
+        self.module_attrs: dict[tuple[str, str], RemoteObject] = {}  # functions and classes, looked up once
         self.gens: dict[int, np.random.Generator] = {}  # ref → generator (ours > 0, theirs < 0)
         self.gen_ref: dict[int, int] = {}  # id(generator) → ref
         self.gen_sent: dict[int, dict] = {}  # ref → the state the lab process last knew
@@ -188,6 +189,7 @@ class Remote:
         self.proxies.clear()
         self.released.clear()
         self.modules.clear()
+        self.module_attrs.clear()
         self.gen_sent.clear()
         self.dropped.clear()
 
@@ -235,6 +237,16 @@ class Remote:
             mod = self.request("import", module=name)
             self.modules[name] = mod
         return mod
+
+    def module_attr(self, name: str, module: RemoteObject, attr: str):
+        """``module.attr``; a function or class is asked for once per lab process."""
+        key = (name, attr)
+        value = self.module_attrs.get(key)
+        if value is None or value._life != self.life:
+            value = getattr(module, attr)
+            if isinstance(value, RemoteObject):
+                self.module_attrs[key] = value
+        return value
 
     def forget(self, handle: int, life: int) -> None:
         if life == self.life:
@@ -302,18 +314,19 @@ class Remote:
                 sync[ref] = state
                 self.gen_sent[ref] = state
         enc = wire.Encoder(self._encode_other)
-        tree = enc({"op": op, **fields, "release": self.released, "drop_generators": self.dropped,
-                    "sync": sync, "test": self.test, "budget": self.budget})
+        meta = {"release": self.released, "drop": self.dropped, "test": self.test, "budget": self.budget}
+        tree = [op, meta, enc({**fields, "sync": sync} if sync else fields)]
         sent = list(enc.arrays_seen)
         self.released, self.dropped = [], []
         try:
             wire.send(self.sock, tree, enc.buffers)
             while True:
                 self._wait(op)
+                kind, meta, payload = _envelope(self.reader.header())
                 dec = wire.Decoder(self.reader.read_into, self._proxy, self._generator, sent=sent,
                                    provenance=self._note_origin)
-                reply = dec(self.reader.header())
-                if not (isinstance(reply, dict) and "cb" in reply):
+                reply = dec(payload)
+                if kind != "cb":
                     break
                 self._call_back(reply)  # lab code called a function the test passed it
         except (OSError, EOFError, socket.timeout) as exc:
@@ -324,6 +337,9 @@ class Remote:
         if not isinstance(reply, dict):
             self._stop()
             raise NotPlainData("the lab code's process sent a malformed answer; it was restarted")
+        blocked = meta.get("b")
+        if isinstance(blocked, list):
+            self.blocked += [str(b)[:300] for b in blocked[:20]]
         return self._unpack(reply, sent)
 
     def _call_back(self, req: dict) -> None:
@@ -332,12 +348,12 @@ class Remote:
         try:
             if fn is None or not isinstance(args, list) or not isinstance(kwargs, dict):
                 raise ValueError("lab code called back a function it was not given")
-            answer = {"cbr": {"v": fn(*args, **kwargs)}}
+            answer = {"v": fn(*args, **kwargs)}
         except Exception as exc:  # noqa: BLE001 - goes back to lab code as its exception
-            answer = {"cbr": {"e": {"type": type(exc).__name__ if type(exc).__name__ in ERRORS else "Exception",
-                                    "msg": str(exc)[:2000]}}}
+            answer = {"e": {"type": type(exc).__name__ if type(exc).__name__ in ERRORS else "Exception",
+                            "msg": str(exc)[:2000]}}
         enc = wire.Encoder(self._encode_other)
-        tree = enc(answer)
+        tree = ["cbr", {}, enc(answer)]
         wire.send(self.sock, tree, enc.buffers)
 
     def _wait(self, op: str) -> None:
@@ -379,12 +395,16 @@ class Remote:
                 target, new = sent[pair[0]], pair[1]
                 if isinstance(new, np.ndarray) and new.shape == target.shape and target.flags.writeable:
                     target[...] = new  # lab code changed an array the test passed: so does the test's copy
-        blocked = reply.get("b")
-        if isinstance(blocked, list):
-            self.blocked += [str(b)[:300] for b in blocked[:20]]
         if "e" in reply:
             raise _rebuild(reply["e"])
         return reply.get("v")
+
+
+def _envelope(tree) -> tuple[str, dict, object]:
+    """A message is ``[kind, meta, payload]``: meta plain JSON, payload in wire's encoding."""
+    if not (isinstance(tree, list) and len(tree) == 3 and isinstance(tree[0], str) and isinstance(tree[1], dict)):
+        raise wire.WireError("a message without its envelope")
+    return tree[0], tree[1], tree[2]
 
 
 def _rebuild(err) -> BaseException:

@@ -169,19 +169,24 @@ class Server:
             dec = wire.Decoder(self.reader.read_into, self._handle, self._generator,
                                callback=lambda key: Callback(self, key))
             try:
-                req = dec(tree)
+                if not (isinstance(tree, list) and len(tree) == 3 and isinstance(tree[0], str)
+                        and isinstance(tree[1], dict)):
+                    raise wire.WireError("a message without its envelope")
+                kind, meta, payload = tree[0], tree[1], dec(tree[2])
+                if not isinstance(payload, dict):
+                    raise wire.WireError("a request that is not a dict")
             except wire.WireError as exc:
                 self._reply({"e": {"type": "WireError", "args": [str(exc)], "msg": str(exc)}}, [])
                 continue
-            if isinstance(req, dict) and "cbr" in req:
+            if kind == "cbr":
                 if until_callback_answer:
-                    return req["cbr"]
+                    return payload
                 continue
-            self._answer(req, dec.arrays)
+            self._answer(kind, meta, payload, dec.arrays)
 
     def call_back(self, key, args, kwargs):
         enc = self.wire.Encoder(self._other)
-        self.wire.send(self.sock, enc({"cb": key, "args": args, "kwargs": kwargs}), enc.buffers)
+        self.wire.send(self.sock, ["cb", {}, enc({"cb": key, "args": args, "kwargs": kwargs})], enc.buffers)
         answer = self.serve(until_callback_answer=True)
         if isinstance(answer, dict) and "e" in answer:
             err = answer["e"] if isinstance(answer["e"], dict) else {}
@@ -190,13 +195,13 @@ class Server:
             raise kind(str(err.get("msg", "the test's function failed")))
         return answer.get("v") if isinstance(answer, dict) else None
 
-    def _answer(self, req, args_arrays):
+    def _answer(self, op, meta, req, args_arrays):
         np, wire = self.np, self.wire
-        for h in req.get("release", ()):
-            obj = self.objects.pop(h, None)
+        for h in meta.get("release", ()):
+            obj = self.objects.pop(h, None) if type(h) is int else None
             if obj is not None:
                 self.ids.pop(id(obj), None)
-        for ref in req.get("drop_generators", ()):
+        for ref in meta.get("drop", ()):
             gen = self.generators.pop(ref, None)
             self.gen_sent.pop(ref, None)
             if gen is not None:
@@ -206,10 +211,10 @@ class Server:
             if gen is not None:
                 gen.bit_generator.state = state
                 self.gen_sent[ref] = state
-        if req.get("test") != self.test:
-            self.test, self.test_cpu0 = req.get("test"), time.process_time()
-        self.budget = req.get("budget")
-        op = req.get("op")
+        if meta.get("test") != self.test:
+            self.test, self.test_cpu0 = meta.get("test"), time.process_time()
+        budget = meta.get("budget")
+        self.budget = budget if type(budget) in (int, float) else None
         snapshots = []
         if op == "call":
             snapshots = [a.copy() if a.nbytes <= (64 << 20) else None for a in args_arrays]
@@ -247,7 +252,7 @@ class Server:
         if not encoded:
             enc = wire.Encoder(self._other)
             tree, buffers = enc(tree), enc.buffers
-        extra = {}
+        extra, meta = {}, {}
         gens = {}
         for ref, gen in self.generators.items():
             state = gen.bit_generator.state
@@ -259,12 +264,11 @@ class Server:
             extra["g"] = enc(gens)
             buffers = buffers + enc.buffers
         if self.blocked:
-            extra["b"] = self.blocked[:20]
+            meta["b"] = [str(b) for b in self.blocked[:20]]
             del self.blocked[:]
-        extra["cpu"] = time.process_time() - self.test_cpu0
         if extra:
             tree = {"$m": tree["$m"] + [[k, v] for k, v in extra.items()]}
-        wire.send(self.sock, tree, buffers)
+        wire.send(self.sock, ["r", meta, tree], buffers)
 
     def _do(self, op, req):
         import importlib

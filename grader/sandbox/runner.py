@@ -86,6 +86,26 @@ def isolation_mode() -> str:
     return "bwrap" if probe.returncode == 0 else "rlimits"
 
 
+_dropping: dict[int, bool] = {}
+
+
+def can_drop_to(uid: int) -> bool:
+    """Without bubblewrap, as root: can this Python run as ``uid`` (its installation readable
+    by others)? If not, processes keep root's uid and the audit hook is the only fence."""
+    if uid not in _dropping:
+        def drop():
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+        try:
+            ok = subprocess.run([sys.executable, "-I", "-c", "import numpy, pytest"], preexec_fn=drop,
+                                capture_output=True, timeout=60).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            ok = False
+        _dropping[uid] = ok
+    return _dropping[uid]
+
+
 def python_roots() -> list[str]:
     """Folders the sandboxed Python must read: its installation and the environment's packages."""
     paths = {sys.base_prefix, sys.prefix, sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
@@ -212,7 +232,7 @@ class _LabProcesses:
                  labs: dict[str, list[str]]):
         self.scratch, self.inside, self.limits, self.mode, self.env = scratch, inside, limits, mode, env
         self.labs = labs  # lab → the lab folders of its tree (earlier labs and itself)
-        self.uid = 62000 + slot if os.geteuid() == 0 else None
+        self.uid = 62000 + slot if os.geteuid() == 0 and (mode == "bwrap" or can_drop_to(62000 + slot)) else None
         self.procs: dict[int, _LabProcess] = {}
         self.next_sid = 1
         self.lock = threading.Lock()
@@ -391,7 +411,7 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
         mounts = ["--bind", str(scratch), SANDBOX_ROOT, "--ro-bind", str(scratch / "kit"), str(inside / "kit"),
                   "--tmpfs", str(inside / "impl"), "--tmpfs", str(inside / "swork")]
         cmd = _bwrap(roots, mounts, str(inside / "work"), 61000 + slot if root else None) + cmd
-    elif root:
+    elif root and can_drop_to(61000 + slot):
         drop_uid = 61000 + slot
     labs = {j["lab"]: sorted(p.name for p in (scratch / "impl" / j["lab"]).iterdir() if p.is_dir())
             for j in jobs}

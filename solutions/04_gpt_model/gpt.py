@@ -100,7 +100,8 @@ class MultiHeadAttention(Layer):
             stop = min(start + QUERY_BLOCK, T)
             n_keys = S - T + stop
             scores = q[:, :, start:stop] @ k[:, :, :n_keys].swapaxes(-1, -2)  # (B, H, t, n_keys), scaled
-            scores += additive_mask(causal_mask(stop - start, n_keys), scores.dtype)  # -inf on future keys
+            if stop > start + 1:  # a lone query (one decoding step) may see every key: nothing to mask
+                scores += additive_mask(causal_mask(stop - start, n_keys), scores.dtype)  # -inf on future keys
             weights = self.attn_dropout(softmax(scores, axis=-1))  # rows sum to 1
             out[:, :, start:stop] = weights @ v[:, :, :n_keys]  # (B, H, t, d_head)
         return out

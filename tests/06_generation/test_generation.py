@@ -291,6 +291,20 @@ def test_top_p_edge_cases():
                           f"(the smallest set whose probabilities sum to ≥ p), kept {got}")
 
 
+def test_top_p_ties_keep_the_higher_ids():
+    # The README's rule (HuggingFace's): among equally likely tokens the higher id comes first.
+    cases = [(np.zeros((1, 8), np.float32), 0.5, [4, 5, 6, 7], "8 equal logits"),
+             # ids 1, 3 and 7 tie as the most likely (0.256 each): two of them reach p = 0.5
+             (np.array([[0, 2, 0, 2, 0, 1, 0, 2]], np.float32), 0.5, [3, 7], "logits [0, 2, 0, 2, 0, 1, 0, 2]")]
+    for logits, p, want, what in cases:
+        kept = np.flatnonzero(np.isfinite(S.top_p_filter(logits, p))).tolist()
+        if kept != want:
+            hint = (". Among equally likely tokens the higher id comes first, as in HuggingFace "
+                    "(np.argsort on the negated probabilities puts the lower id first)"
+                    if len(kept) == len(want) else "")
+            raise AssertionError(f"top_p_filter({what}, {p}) kept ids {kept}, expected {want}{hint}")
+
+
 def test_filters_reject_bad_arguments():
     f = load_fixture(LAB, "sampling")
     S.top_k_filter(f["logits"], 2)

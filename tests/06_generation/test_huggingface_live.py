@@ -164,6 +164,28 @@ def test_filters_match_huggingface_processors():
                      what=f"apply_temperature(logits, {t}) vs HuggingFace's temperature", atol=1e-6)
 
 
+def test_top_p_ties_match_huggingface():
+    # Equal probabilities everywhere: HuggingFace keeps the higher ids among ties. Its
+    # processor runs on the CPU here, where torch's sort keeps equal values in id order.
+    torch = torch_or_skip()
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    rng = np.random.default_rng(9)
+    for logits in (np.zeros((1, 8), np.float32), rng.integers(-2, 3, (40, 12)).astype(np.float32)):
+        for p in (0.1, 0.3, 0.5, 0.75, 0.9):
+            ours = np.isfinite(S.top_p_filter(logits, p))
+            with torch.no_grad():
+                theirs = np.isfinite(TopPLogitsWarper(p)(None, torch.from_numpy(logits)).numpy())
+            rows = np.flatnonzero((ours != theirs).any(axis=1)).tolist()
+            if rows:
+                r = rows[0]
+                raise AssertionError(
+                    f"top_p_filter(logits, {p}) on tied logits keeps other tokens than HuggingFace's "
+                    f"top_p={p} in rows {rows}; row {r}, logits {logits[r].tolist()}: yours keeps ids "
+                    f"{np.flatnonzero(ours[r]).tolist()}, HuggingFace {np.flatnonzero(theirs[r]).tolist()}. "
+                    "Among equally likely tokens the higher id comes first")
+
+
 @pytest.fixture(scope="module")
 def gpt2_small_pair():
     """A GPT-2-small-shaped model (124M parameters, every one random) in both libraries."""

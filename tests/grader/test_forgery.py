@@ -11,6 +11,7 @@ lab code.
 import pytest
 
 from gptkit.testing.layout import KIT_ROOT
+from grader.sandbox import runner
 
 STUB = (KIT_ROOT / "labs" / "01_causal_mask" / "src" / "causal_mask.py").read_text()
 WRAP = """
@@ -177,3 +178,17 @@ def test_results_that_are_not_plain_data_are_refused_with_a_reason(two_lab_grade
     softmax = [t for t in r.labs["01_causal_mask"].tests if "softmax" in t.nodeid]
     assert softmax and all(t.outcome == "failed" for t in softmax)
     assert any("plain Python values" in t.message and "Same" in t.message for t in softmax), softmax[0].message
+
+
+@pytest.mark.parametrize("attack", ["forge-results", "scavenge-expected", "monkeypatch"])
+def test_without_bubblewrap_the_split_still_holds(two_lab_graders, make_submission, attack):
+    """No bubblewrap (the grader warns): the lab process is still another process, and as
+    root another user; the policy off, the attack still scores nothing."""
+    g = two_lab_graders["no-policy"]
+    g.isolation = "rlimits"
+    try:
+        r = g.grade("mallory", _submission(make_submission, attack))
+    finally:
+        g.isolation = runner.isolation_mode()
+    assert r.isolation == "rlimits" and r.labs["01_causal_mask"].points == 0
+    assert r.labs["02_embeddings"].points == g.rubric["02_embeddings"].points

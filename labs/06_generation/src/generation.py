@@ -135,7 +135,8 @@ def top_p_filter(logits: np.ndarray, p: float) -> np.ndarray:
 
     Returns:
         (..., V), same dtype. In probability order, a token is kept when the tokens more
-        likely than it sum to less than p. Ties in probability are ordered by token id.
+        likely than it sum to less than p. Among equally likely tokens the higher id comes
+        first (as in HuggingFace): p = 0.5 over 8 equal logits keeps ids 4 … 7.
     """
     logits = as_float_array(logits, "logits")
     check_ndim(logits, "logits", min_ndim=1, shape_hint="(..., V)")
@@ -373,24 +374,10 @@ def generate(model: GPTModel, token_ids: np.ndarray, max_new_tokens: int, *, tem
 
 def beam_search(model: GPTModel, token_ids: np.ndarray, num_beams: int, max_new_tokens: int, *,
                 eos_token_id: int | None = None, length_penalty: float = 1.0) -> np.ndarray:
-    """The most likely continuation found by keeping ``num_beams`` candidates at each step.
-
-    HuggingFace's ``generate(num_beams=…, do_sample=False)`` (``early_stopping=False``),
-    for each prompt row separately:
-
-    - Each running beam has a score, the sum of its generated tokens' log-probabilities
-      (log_softmax of the logits). Start: one beam, the prompt, score 0.
-    - A step extends every running beam by every token (score + log-prob) and ranks all
-      these candidates, best first; only the best 2·num_beams count.
-    - Among the best num_beams candidates, each that ends — its token is EOS, or it has
-      max_new_tokens tokens — becomes a finished hypothesis, scored
-      ``score / generated_length ** length_penalty`` (generated_length counts the new
-      tokens, EOS included; never the prompt). At most num_beams finished hypotheses
-      are kept, the best.
-    - The best num_beams candidates that did not end are the next running beams.
-    - A row is done when it has num_beams finished hypotheses and its best running
-      beam's score / generated_length ** length_penalty is no better than the worst of
-      them. The search stops when every row is done or after max_new_tokens steps.
+    """The most likely continuation found by keeping ``num_beams`` candidates at each step:
+    HuggingFace's ``generate(num_beams=…, do_sample=False)`` (``early_stopping=False``), for
+    each prompt row separately. The rules (scores, when a hypothesis ends, the length
+    penalty, when a row is done) are in docs/06_generation.md, "Beam search".
 
     Args:
         model: a GPTModel (in eval mode).

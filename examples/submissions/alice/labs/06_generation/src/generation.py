@@ -132,7 +132,8 @@ def top_p_filter(logits: np.ndarray, p: float) -> np.ndarray:
 
     Returns:
         (..., V), same dtype. In probability order, a token is kept when the tokens more
-        likely than it sum to less than p. Ties in probability are ordered by token id.
+        likely than it sum to less than p. Among equally likely tokens the higher id comes
+        first (as in HuggingFace): p = 0.5 over 8 equal logits keeps ids 4 … 7.
     """
     logits = as_float_array(logits, "logits")
     check_ndim(logits, "logits", min_ndim=1, shape_hint="(..., V)")
@@ -140,7 +141,9 @@ def top_p_filter(logits: np.ndarray, p: float) -> np.ndarray:
     if p >= 1.0:
         return logits.copy()  # p = 1 keeps everything, even tokens too small for a float32 sum
     probs = softmax(logits, axis=-1)
-    ranking = np.argsort(-probs, axis=-1, kind="stable")  # most likely first, ties by token id
+    V = probs.shape[-1]
+    # most likely first; ties: the higher id first (rank the row read backwards, map back)
+    ranking = V - 1 - np.argsort(-probs[..., ::-1], axis=-1, kind="stable")
     ranked = np.take_along_axis(probs, ranking, axis=-1)
     running = np.cumsum(ranked, axis=-1)
     # mass of the tokens strictly ahead of each one: the running total shifted right by one
