@@ -1,0 +1,129 @@
+"""Training: the reference NumPy code of lab 07 against the same model trained by PyTorch
+CPU eager (HuggingFace GPT2LMHeadModel), in one run, on the same thread count.
+
+    uv run --extra torch python benchmarks/bench_training.py [--threads N] [--steps 2000]
+
+The configuration is the classic small character-level one: 4 layers, 4 heads, width 128,
+context 64, batch 12, on the kit's Shakespeare; lr 1e-3 with 100 warm-up steps and a
+cosine decay to 1e-4, AdamW (betas 0.9/0.99, weight decay 0.1), clipping at 1.0, no
+dropout. Both start from the same weights and see the same batches (drawn by lab 07's
+``get_batch`` from a generator seeded with (seed, step)); PyTorch's dropout is set to 0.
+
+The two alternate in chunks of ``--eval-every`` steps, so a change in the machine's load
+falls on both. Tokens/s counts the training steps alone (forward, backward, clipping,
+optimizer), not batch drawing or evaluation. Every ``--eval-every`` steps both report the
+validation loss on the same fixed validation batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402  (sets the BLAS threads before NumPy loads)
+
+THREADS = common.set_threads(sys.argv)
+
+import numpy as np  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", type=int, default=THREADS)
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--eval-every", type=int, default=250)
+    p.add_argument("--eval-iters", type=int, default=20)
+    p.add_argument("--seed", type=int, default=1337)
+    args = p.parse_args()
+
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(THREADS)
+    common.use_reference_solutions()
+    import gpt
+    import training as tr
+
+    from gptkit.checkpoints import GPT2Shape, hf_model
+
+    text = (common.ROOT / "labs" / "07_training" / "data" / "shakespeare.txt").read_text()
+    tok = tr.CharTokenizer(text)
+    train, val = tr.train_val_split(tok.encode(text), 0.1)
+    B, T, steps = 12, 64, args.steps
+    shape = GPT2Shape(vocab_size=tok.vocab_size, d_model=128, num_layers=4, num_heads=4, max_seq_len=T)
+    model = gpt.GPTModel(**shape.model_kwargs(), rng=np.random.default_rng(args.seed)).train()
+    hf = hf_model({k: v.copy() for k, v in model.state_dict().items()}, shape).train()
+    for module in hf.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    opt_kw = dict(lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
+    opt = tr.AdamW(model, **opt_kw)
+    topt = torch.optim.AdamW(hf.parameters(), **opt_kw, eps=1e-8)
+
+    def schedule(step):
+        return tr.lr_schedule(step, max_lr=1e-3, min_lr=1e-4, warmup_steps=100, total_steps=steps)
+
+    def batch(step):
+        return tr.get_batch(train, B, T, np.random.default_rng([args.seed, step]))
+
+    def numpy_steps(lo, hi):
+        spent = 0.0
+        for step in range(lo, hi):
+            x, y = batch(step)
+            t0 = time.perf_counter()
+            tr.train_step(model, opt, x, y, lr=schedule(step), max_norm=1.0)
+            spent += time.perf_counter() - t0
+        return spent
+
+    def torch_steps(lo, hi):
+        spent = 0.0
+        for step in range(lo, hi):
+            x, y = (torch.from_numpy(a) for a in batch(step))
+            t0 = time.perf_counter()
+            for group in topt.param_groups:
+                group["lr"] = schedule(step)
+            topt.zero_grad(set_to_none=True)
+            logits = hf(x).logits
+            F.cross_entropy(logits.reshape(-1, shape.vocab_size), y.reshape(-1)).backward()
+            torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)
+            topt.step()
+            spent += time.perf_counter() - t0
+        return spent
+
+    def val_losses():
+        ours = tr.estimate_loss(model, val, batch_size=B, block_size=T, iters=args.eval_iters,
+                                rng=np.random.default_rng(args.seed + 1))
+        rng, total = np.random.default_rng(args.seed + 1), 0.0
+        hf.eval()
+        with torch.no_grad():
+            for _ in range(args.eval_iters):
+                x, y = tr.get_batch(val, B, T, rng)
+                logits = hf(torch.from_numpy(x)).logits
+                total += F.cross_entropy(logits.reshape(-1, shape.vocab_size), torch.from_numpy(y).reshape(-1)).item()
+        hf.train()
+        return ours, total / args.eval_iters
+
+    print(f"machine: {common.machine()}; {THREADS} thread(s) for NumPy's BLAS and PyTorch; NumPy {np.__version__}, "
+          f"PyTorch {torch.__version__}")
+    print(f"model: {model.num_parameters() / 1e6:.2f}M parameters, batch {B}, context {T}, {steps} steps")
+    print(f"{'step':>5} {'NumPy val':>10} {'PyTorch val':>12} {'NumPy tok/s':>12} {'PyTorch tok/s':>14}")
+    t_np = t_pt = 0.0
+    done = 0
+    while done < steps:
+        nxt = min(done + args.eval_every, steps)
+        a, b = numpy_steps(done, nxt), torch_steps(done, nxt)
+        t_np, t_pt = t_np + a, t_pt + b
+        done = nxt
+        v_np, v_pt = val_losses()
+        chunk = B * T * (args.eval_every if nxt % args.eval_every == 0 else nxt % args.eval_every)
+        print(f"{done:>5} {v_np:>10.4f} {v_pt:>12.4f} {chunk / a:>12,.0f} {chunk / b:>14,.0f}", flush=True)
+    total = B * T * steps
+    print(f"overall: NumPy {total / t_np:,.0f} tokens/s ({t_np:.0f} s), PyTorch {total / t_pt:,.0f} tokens/s "
+          f"({t_pt:.0f} s): NumPy ÷ PyTorch time {t_np / t_pt:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""Train a character-level GPT on the kit's Shakespeare with *your* lab code (lab 07's
+backward, AdamW, clipping and schedule, on your labs 01–06), then sample from it with
+your lab 06 sampler.
+
+    uv run python -m gptkit.train                       # your code, the default settings (below)
+    uv run python -m gptkit.train --steps 200           # a short run
+    uv run python -m gptkit.train --resume              # go on from runs/shakespeare's checkpoint
+    uv run python -m gptkit.train --impl solutions      # the reference code (instructors)
+
+The defaults are the classic small character-level configuration: 4 layers, 4 heads,
+width 128, context 64, batch 12, 2000 steps, lr 1e-3 with 100 warm-up steps and a cosine
+decay to 1e-4, AdamW (betas 0.9/0.99, weight decay 0.1), gradients clipped at 1.0. Every
+``--eval-every`` steps it prints the validation loss (on the same fixed validation
+batches each time) and writes a checkpoint to ``--out``: ``model.safetensors`` and
+``config.json`` (a GPT-2 that lab 05 and HuggingFace load), ``optimizer.safetensors``
+(AdamW's moments and step) and ``history.json``. Batches are drawn from a generator seeded
+with (seed, step), so a resumed run sees the batches an uninterrupted one would have.
+With matplotlib installed (``uv sync --extra plot``) it also draws ``loss.png``.
+
+BLAS threads are set by the environment (``OMP_NUM_THREADS=2 uv run python -m …``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from gptkit.testing.layout import KIT_ROOT, bind_tree, resolve_impl
+
+CORPUS = KIT_ROOT / "labs" / "07_training" / "data" / "shakespeare.txt"
+
+
+class TrainError(Exception):
+    """A problem the user can fix; printed as one line."""
+
+
+def _bar(step: int, total: int, loss: float, tok_s: float, eta: float, width: int = 24) -> str:
+    done = int(width * step / max(total, 1))
+    return (f"\r[{'#' * done}{'.' * (width - done)}] step {step}/{total}  loss {loss:.4f}  "
+            f"{tok_s:,.0f} tok/s  eta {eta / 60:.1f} min ")
+
+
+def _save(out: Path, tr, model, opt, step: int, history: list) -> None:
+    tr.save_checkpoint(out, model, {"step": str(step)})
+    moments = {f"m.{k}": v for k, v in opt.m.items()} | {f"v.{k}": v for k, v in opt.v.items()}
+    tr.write_safetensors(out / "optimizer.safetensors", moments, {"step": str(step), "t": str(opt.t)})
+    (out / "history.json").write_text(json.dumps(history, indent=0))
+
+
+def _resume(out: Path, gpt2_weights, model, opt) -> tuple[int, list]:
+    """Load model and optimizer state from ``out``; returns (next step, history)."""
+    if not (out / "model.safetensors").is_file() or not (out / "optimizer.safetensors").is_file():
+        raise TrainError(f"--resume: no checkpoint in {out} (model.safetensors and optimizer.safetensors)")
+    model.load_state_dict(gpt2_weights.read_checkpoint(out / "model.safetensors"))
+    raw = (out / "optimizer.safetensors").read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    meta = header.pop("__metadata__", {})
+    for name, entry in header.items():
+        a, b = entry["data_offsets"]
+        arr = np.frombuffer(raw[8 + n + a:8 + n + b], dtype="<f4").reshape(entry["shape"])
+        kind, param = name.split(".", 1)
+        (opt.m if kind == "m" else opt.v)[param][...] = arr
+    opt.t = int(meta["t"])
+    history = json.loads((out / "history.json").read_text()) if (out / "history.json").is_file() else []
+    return int(meta["step"]), history
+
+
+def _plot(out: Path, history: list) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no loss.png: matplotlib is not installed (`uv sync --extra plot`)"
+    fig, ax = plt.subplots(figsize=(6, 4))
+    train = [(h["step"], h["train"]) for h in history if "train" in h]
+    val = [(h["step"], h["val"]) for h in history if "val" in h]
+    if train:
+        ax.plot(*zip(*train), label="train (smoothed)", lw=1)
+    if val:
+        ax.plot(*zip(*val), "o-", label="validation")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats per character)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "loss.png", dpi=120)
+    plt.close(fig)
+    return f"loss curve: {out / 'loss.png'}"
+
+
+def sample(model, tok, gen, *, prompt: str, n: int, temperature: float, top_k: int | None,
+           rng: np.random.Generator) -> str:
+    """``n`` characters after ``prompt``, one at a time with lab 06's ``sample_next``; the
+    context slides once it fills the model's ``max_seq_len`` positions."""
+    ids = list(tok.encode(prompt))
+    for _ in range(n):
+        context = np.array([ids[-model.max_seq_len:]], dtype=np.int64)
+        logits = model(context)[:, -1]
+        ids.append(int(gen.sample_next(logits, temperature=temperature, top_k=top_k, rng=rng)[0]))
+    return tok.decode(np.array(ids))
+
+
+def run(args) -> int:
+    try:
+        bind_tree(resolve_impl(args.impl))
+    except ValueError as exc:
+        raise TrainError(f"--impl={args.impl}: {exc}") from None
+    import generation  # lab 06
+    import gpt  # lab 04
+    import gpt2_weights  # lab 05
+    import training as tr  # lab 07
+
+    text = Path(args.data).read_text(encoding="utf-8")
+    tok = tr.CharTokenizer(text)
+    train, val = tr.train_val_split(tok.encode(text), 0.1)
+    print(f"corpus: {Path(args.data).name}, {len(text):,} characters, vocabulary {tok.vocab_size}; "
+          f"{len(train):,} for training, {len(val):,} for validation")
+    model = gpt.GPTModel(tok.vocab_size, args.d_model, args.layers, args.heads, 4 * args.d_model, args.block_size,
+                         dropout=args.dropout, rng=np.random.default_rng(args.seed))
+    model.train()
+    opt = tr.AdamW(model, lr=args.lr, betas=(0.9, 0.99), weight_decay=args.weight_decay)
+    out = Path(args.out)
+    start, history = _resume(out, gpt2_weights, model, opt) if args.resume else (0, [])
+    print(f"model: {args.layers} layers, {args.heads} heads, width {args.d_model}, context {args.block_size}: "
+          f"{model.num_parameters() / 1e6:.2f}M parameters; steps {start} … {args.steps}, batch {args.batch_size}")
+
+    def evaluate() -> float:
+        return tr.estimate_loss(model, val, batch_size=args.batch_size, block_size=args.block_size,
+                                iters=args.eval_iters, rng=np.random.default_rng(args.seed + 1))
+
+    tokens, t0, smooth, clock = 0, time.perf_counter(), None, 0.0
+    for step in range(start, args.steps):
+        rng = np.random.default_rng([args.seed, step])
+        lr = tr.lr_schedule(step, max_lr=args.lr, min_lr=args.min_lr, warmup_steps=args.warmup,
+                            total_steps=args.steps)
+        x, y = tr.get_batch(train, args.batch_size, args.block_size, rng)
+        tick = time.perf_counter()
+        loss, _ = tr.train_step(model, opt, x, y, lr=lr, max_norm=args.grad_clip, rng=rng)
+        clock += time.perf_counter() - tick
+        tokens += x.size
+        smooth = loss if smooth is None else 0.9 * smooth + 0.1 * loss
+        elapsed = time.perf_counter() - t0
+        if not args.quiet:
+            rate = tokens / clock if clock else 0.0
+            print(_bar(step + 1, args.steps, smooth, rate, (args.steps - step - 1) * elapsed / (step + 1 - start)),
+                  end="", file=sys.stderr, flush=True)
+        entry = {"step": step + 1, "train": smooth}
+        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
+            entry["val"] = evaluate()
+            print(f"\nstep {step + 1}: train loss {smooth:.4f}, validation loss {entry['val']:.4f}, "
+                  f"{tokens / clock:,.0f} tokens/s in the training steps, {elapsed:.0f} s so far", flush=True)
+            history.append(entry)
+            _save(out, tr, model, opt, step + 1, history)
+        elif (step + 1) % 10 == 0:
+            history.append(entry)
+    if start >= args.steps:
+        print(f"nothing to train: the checkpoint is at step {start}, --steps is {args.steps}")
+    else:
+        print(f"trained {args.steps - start} steps in {time.perf_counter() - t0:.0f} s; checkpoint: {out}")
+    print(_plot(out, history))
+    model.eval()
+    rng = np.random.default_rng(args.seed + 2)
+    for i in range(args.samples):
+        print(f"\n--- sample {i + 1} (temperature {args.temperature}, top-k {args.top_k}) ---")
+        print(sample(model, tok, generation, prompt="\n", n=args.sample_chars, temperature=args.temperature,
+                     top_k=args.top_k, rng=rng).strip())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gptkit.train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--impl", default="labs", help="whose code: labs (yours, default), solutions, or a path")
+    p.add_argument("--data", default=str(CORPUS), help="a text file (default: the kit's Shakespeare)")
+    p.add_argument("--out", default="runs/shakespeare", help="the checkpoint folder (default runs/shakespeare)")
+    p.add_argument("--resume", action="store_true", help="go on from the checkpoint in --out")
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--batch-size", type=int, default=12)
+    p.add_argument("--block-size", type=int, default=64, help="context length (the model's max_seq_len)")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--min-lr", type=float, default=1e-4)
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--eval-every", type=int, default=250)
+    p.add_argument("--eval-iters", type=int, default=20)
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--samples", type=int, default=2, help="samples printed at the end")
+    p.add_argument("--sample-chars", type=int, default=300)
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+    try:
+        return run(args)
+    except TrainError as exc:
+        print(f"train: {exc}", file=sys.stderr)
+        return 2
+    except NotImplementedError as exc:
+        print(f"\ntrain: your code is not finished yet: {exc}. Finish that lab first "
+              f"(its tests: uv run pytest -m lab{str(exc)[4:6]})", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
