@@ -106,6 +106,9 @@ class Encoder:
             return {"$sl": [self(value.start, depth + 1), self(value.stop, depth + 1), self(value.step, depth + 1)]}
         if value is Ellipsis:
             return {"$E": 0}
+        if isinstance(value, (dict, list, tuple)):  # OrderedDict, a named tuple, …: their plain contents
+            kind = dict if isinstance(value, dict) else list if isinstance(value, list) else tuple
+            return self(kind(value), depth)
         if isinstance(value, np.dtype) and t.__module__.startswith("numpy"):
             if value.str not in DTYPES:
                 raise WireError(f"the dtype {value} (only numeric dtypes are plain data)")

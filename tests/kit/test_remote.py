@@ -40,6 +40,17 @@ class Same:
     def __eq__(self, other):
         return True
 
+import collections, dataclasses
+
+@dataclasses.dataclass
+class Point:
+    x: float
+    y: float
+
+def containers():
+    Pair = collections.namedtuple("Pair", "a b")
+    return collections.OrderedDict(w=np.ones(2)), Pair(1, 2), Point(1.0, 2.0)
+
 def scale_in_place(x, k):
     x *= k
     return None
@@ -140,6 +151,13 @@ def test_arrays_numbers_and_objects(lab):
     buf.length = 1
     assert buf.view().shape == (2, 1) and isinstance(buf.view(), np.ndarray)
     assert buf.view().dtype == np.float32 and buf.view().flags.writeable
+
+
+def test_containers_a_student_may_return(lab):
+    ordered, pair, point = lab.containers()
+    assert type(ordered) is dict and ordered["w"].tolist() == [1, 1]
+    assert pair == (1, 2), "a named tuple comes back as its tuple"
+    assert point.x == 1.0 and point.y == 2.0, "a dataclass stays in the lab process: a stand-in"
 
 
 def test_changes_to_arguments_and_identity(lab):
