@@ -1,19 +1,30 @@
 """Test-side helpers: find the code under test, compare arrays with readable messages,
-read stored fixtures, and reach PyTorch when it is installed."""
+read stored fixtures, and reach PyTorch when it is installed.
 
-from gptkit.testing.assertions import (
-    assert_causal,
-    assert_close,
-    assert_float32,
-    assert_rejects_bad_x,
-    explains_errors,
-    mismatch_summary,
-    raises_clearly,
-)
-from gptkit.testing.fixtures import diagnosis_label, load_fixture, stored_diagnoses
-from gptkit.testing.loader import lab
-from gptkit.testing.remote import same_object, shares_memory
+The names below load on first use, so that the grader's lab process, which needs only
+``gptkit.testing.wire``, does not import pytest with this package.
+"""
 
-__all__ = ["assert_causal", "assert_close", "assert_float32", "assert_rejects_bad_x", "diagnosis_label",
-           "explains_errors", "lab", "load_fixture", "mismatch_summary", "raises_clearly", "same_object",
-           "shares_memory", "stored_diagnoses"]
+import importlib
+
+_HOMES = {
+    "assertions": ["assert_causal", "assert_close", "assert_float32", "assert_rejects_bad_x", "explains_errors",
+                   "mismatch_summary", "raises_clearly"],
+    "fixtures": ["diagnosis_label", "load_fixture", "stored_diagnoses"],
+    "loader": ["lab"],
+    "remote": ["same_object", "shares_memory"],
+}
+_WHERE = {name: module for module, names in _HOMES.items() for name in names}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'gptkit.testing' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"gptkit.testing.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted({*globals(), *__all__})

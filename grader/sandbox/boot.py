@@ -65,7 +65,8 @@ def main():
                 r.warm()
                 _grader_plugin.configure(emit, plan["test_cpu_seconds"], plan["test_wall_seconds"], lab)
                 try:
-                    code = pytest.main([*job["tests"], *plan["pytest_args"], "-p", "_grader_plugin"])
+                    code = pytest.main([*job["tests"], *plan["pytest_args"], f"--basetemp={job['basetemp']}",
+                                        "-p", "_grader_plugin"])
                 finally:
                     r.close()
             except BaseException as exc:  # noqa: BLE001 - the child must always exit here

@@ -339,6 +339,11 @@ def main():
     import numpy as np
     import numpy.random  # noqa: F401 - now, before lab code can change what importing it finds
 
+    try:  # a lab may use scipy.special (its rubric says); its own imports precede the audit hook
+        import scipy.special  # noqa: F401
+    except ImportError:
+        pass
+
     from gptkit.testing import wire
 
     signal.signal(signal.SIGPROF, _on_prof)

@@ -383,8 +383,11 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
         "module_labs": module_labs or {},
         "pytest_args": ["-q", "-s", "-p", "no:cacheprovider", "-p", "no:randomly", "-m", "not torch",
                         f"--rootdir={inside / 'kit'}", "-c", str(inside / "kit" / "pyproject.toml"),
-                        f"--basetemp={inside / 'tmp' / 'pytest'}", "--tb=line", "-W", "ignore"],
+                        "--tb=line", "-W", "ignore"],
+        # Each lab its own pytest folder: pytest empties it first, and the files an earlier lab's
+        # process wrote there belong to another user.
         "jobs": [{"lab": j["lab"], "tests": [str(inside / "kit" / t) for t in j["tests"]],
+                  "basetemp": str(inside / "tmp" / f"pytest-{j['lab']}"),
                   "timeout": limits.lab_seconds, "log": str(inside / "logs" / f"{j['lab']}.txt")} for j in jobs],
     }
     (scratch / "plan.json").write_text(json.dumps(plan))
