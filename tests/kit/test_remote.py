@@ -201,4 +201,4 @@ def test_a_dying_process_is_started_again(lab):
 def test_cpu_budget(lab):
     with pytest.raises(remote.TestTimeLimit):
         lab.fail("loop")
-    assert remote.active().end_test() >= 1.0
+    assert remote.active().end_test() > 0.5, "the CPU the lab code used counts for the test"
