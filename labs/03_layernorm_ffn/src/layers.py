@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import scipy.special
 
 from gptkit import Layer, as_float_array, check_last_dim, check_length, make_rng, normal
 
