@@ -47,3 +47,23 @@ def test_stub_names_method_and_default_task():
 def test_unbalanced_markers_are_errors(src):
     with pytest.raises(StubError):
         make_stub(src, "01")
+
+
+def test_a_stub_failure_is_one_line_naming_the_task_and_its_place():
+    """The first red run: each test that meets an unfinished task reports the task's
+    message and the stub line that raised it, not a traceback through the test."""
+    import re
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "pytest", "--impl=labs", "-m", "lab01", "-q", "-p", "no:randomly",
+                          "tests/01_causal_mask/test_causal_mask.py", "-k", "softmax"],
+                         cwd=KIT_ROOT, capture_output=True, text=True, timeout=300)
+    out = run.stdout
+    assert run.returncode == 1 and " failed" in out, out[-2000:]
+    body = out.split("= FAILURES =", 1)[1].split("short test summary", 1)[0]
+    lines = [line for line in body.splitlines() if line.strip() and not line.startswith(("_", "="))]
+    assert lines, out[-2000:]
+    for line in lines:
+        assert re.fullmatch(r"labs/01_causal_mask/src/causal_mask\.py:\d+: NotImplementedError: Lab 01 · \w+: .+",
+                            line), f"not a one-line task report: {line!r}"
