@@ -244,3 +244,39 @@ def test_lab_code_cannot_start_processes_open_sockets_or_signal(lab):
         assert lab.escape(how).startswith("refused"), how
     assert lab.escape("thread") == "ran [4096.0]"
     assert abs(lab.escape("scipy") - 0.5205) < 1e-4, "SciPy imports on demand, behind the wall"
+
+
+FENCE = """
+import errno, os, sys
+sys.path.insert(0, sys.argv[1])
+import labserver
+inside, outside = sys.argv[2], sys.argv[3]
+roots = [*sys.argv[4:], inside]
+if not labserver._files_fence(roots, [os.path.join(inside, "scratch")]):
+    print("no fence"); sys.exit(0)
+def attempt(path, flags):
+    try:
+        os.close(os.open(path, flags, 0o644))
+        return "open"
+    except OSError as exc:
+        return errno.errorcode[exc.errno]
+print(attempt(os.path.join(inside, "ok.txt"), os.O_RDONLY), attempt(os.path.join(outside, "secret.npz"), os.O_RDONLY),
+      attempt(os.path.join(inside, "scratch", "new"), os.O_WRONLY | os.O_CREAT),
+      attempt(os.path.join(inside, "ok.txt"), os.O_WRONLY), attempt(os.path.join(outside, "new"), os.O_WRONLY | os.O_CREAT))
+"""
+
+
+def test_the_kernel_fences_the_lab_process_files_without_the_audit_hook(tmp_path):
+    """Landlock, with no audit hook installed: only the given folders can be read, only
+    the scratch folder written. What holds a non-root grading without bubblewrap."""
+    inside, outside = tmp_path / "lab", tmp_path / "tests"
+    (inside / "scratch").mkdir(parents=True)
+    outside.mkdir()
+    (inside / "ok.txt").write_text("x")
+    (outside / "secret.npz").write_bytes(b"expected values")
+    run = subprocess.run([sys.executable, "-I", "-S", "-c", FENCE, str(runner.HERE), str(inside), str(outside),
+                          *runner.python_roots()], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr[-2000:]
+    if run.stdout.strip() == "no fence":
+        pytest.skip("this kernel has no Landlock (Linux ≥ 5.13): the fence is the audit hook, users and bubblewrap")
+    assert run.stdout.split() == ["open", "EACCES", "open", "EACCES", "EACCES"], run.stdout
