@@ -21,8 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gptkit.checkpoints import GPT2Shape, random_gpt2_state
-from gptkit.testing import (assert_close, assert_float32, explains_errors, lab, load_fixture, raises_clearly,
-                            stored_diagnoses)
+from gptkit.testing import (assert_close, assert_float32, explains_errors, fixture_params, lab, load_fixture,
+                            raises_clearly, stored_diagnoses)
 from gptkit.testing.parameters import set_parameters
 
 S = lab("training")
@@ -36,10 +36,6 @@ SAME_MASK = ("with dropout on, every backward must let the gradient through the 
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-def _params(f, prefix="param."):
-    return {k[len(prefix):]: v for k, v in f.items() if k.startswith(prefix) and "@" not in k}
-
 
 def _numeric(f, x, eps=1e-6):
     """∂f/∂x by central differences, element by element (x is float64)."""
@@ -317,13 +313,13 @@ def test_pieces_match_torch_autograd():
 def test_model_gradients_match_huggingface():
     """Every parameter's gradient of HuggingFace's ``labels=`` loss, stored."""
     f = load_fixture(LAB, "model")
-    model = _model(_params(f))
+    model = _model(fixture_params(f))
     ids = f["ids"]
     with explains_errors("loss_and_grads on the fixtures' GPT-2", "check each layer's backward in the tests above"):
         loss, grads = S.loss_and_grads(model, ids[:, :-1], ids[:, 1:])
     assert_close(np.float64(loss), np.float64(f["loss"]), what="the loss vs HuggingFace's labels= loss", atol=1e-5,
                  diagnoses=stored_diagnoses(f, "loss"))
-    expected = _params(f, "grad.")
+    expected = fixture_params(f, "grad.")
     assert isinstance(grads, dict) and sorted(grads) == sorted(expected), (
         f"loss_and_grads must return a gradient for every parameter under model.state_dict()'s names; missing: "
         f"{sorted(set(expected) - set(grads))[:5]}, unexpected: {sorted(set(grads) - set(expected))[:5]}")
@@ -337,8 +333,8 @@ def test_model_gradients_match_huggingface():
 def test_adamw_matches_torch_over_many_steps():
     """torch.optim.AdamW, 40 steps, lr 0.05, betas (0.8, 0.95), eps 1e-3, weight decay 0.5."""
     f = load_fixture(LAB, "adamw")
-    params = _params(f)
-    grads = _params(f, "grads.")
+    params = fixture_params(f)
+    grads = fixture_params(f, "grads.")
     opt = S.AdamW({k: v.copy() for k, v in params.items()}, lr=float(f["lr"]), betas=tuple(float(b) for b in f["betas"]),
                   eps=float(f["eps"]), weight_decay=float(f["weight_decay"]))
     steps = len(next(iter(grads.values())))
@@ -379,7 +375,7 @@ def test_clip_grad_norm_matches_torch():
 
 def test_gpt_forward_equals_the_model():
     f = load_fixture(LAB, "model")
-    model = _model(_params(f))
+    model = _model(fixture_params(f))
     ids = f["ids"]
     logits, _ = S.gpt_forward(model, ids, rng=np.random.default_rng(0))  # eval mode: no dropout
     assert_close(logits, model(ids), what="gpt_forward's logits vs your lab-04 model(ids)", atol=1e-5,
@@ -464,7 +460,7 @@ def test_model_gradient_check_with_dropout():
 
 def test_gradients_are_float32_under_gpt2_names():
     f = load_fixture(LAB, "model")
-    model = _model(_params(f))
+    model = _model(fixture_params(f))
     loss, grads = S.loss_and_grads(model, f["ids"][:, :-1], f["ids"][:, 1:])
     state = model.state_dict()
     assert sorted(grads) == sorted(state), "the gradients' names must be model.state_dict()'s"
@@ -596,7 +592,7 @@ def test_write_safetensors_layout(tmp_path):
 
 def test_checkpoint_loads_with_lab05(tmp_path):
     f = load_fixture(LAB, "model")
-    model = _model(_params(f))
+    model = _model(fixture_params(f))
     S.save_checkpoint(tmp_path / "ckpt", model)
     config = W.read_config(tmp_path / "ckpt")
     assert config["vocab_size"] == SHAPE.vocab_size and config["num_layers"] == SHAPE.num_layers and \
