@@ -103,6 +103,16 @@ def _attention64(q, k, v):
     return _softmax64(s) @ v
 
 
+def _check_qkv_grads(grads, forward, q, k, v, dout, what, hint):
+    """dq, dk, dv of an attention backward against central differences of
+    sum(forward(q, k, v) · dout), each with respect to its own input."""
+    __tracebackhide__ = True
+    dq, dk, dv = grads
+    _check_grad(dq, _numeric(lambda a: (forward(a, k, v) * dout).sum(), q), what, "q", hint)
+    _check_grad(dk, _numeric(lambda a: (forward(q, a, v) * dout).sum(), k), what, "k", hint)
+    _check_grad(dv, _numeric(lambda a: (forward(q, k, a) * dout).sum(), v), what, "v", hint)
+
+
 def _set(model, name, value):
     """Set the parameter ``h.0.attn.c_attn.weight`` (…) of the model under test."""
     *path, attr = name.split(".")
@@ -122,14 +132,15 @@ def _model(state, shape=SHAPE, dropout=0.0, float64=False):
     return model
 
 
-def _seeds():
-    return st.integers(0, 2**32 - 1)
+def _random_seeds(max_examples, *more):
+    """``@settings(max_examples=…)`` and ``@given``: hypothesis draws each case's seed (the
+    test's first argument, shrunk and printed on a failure), then one value of each of ``more``."""
+    return lambda test: settings(max_examples=max_examples)(given(st.integers(0, 2**32 - 1), *more)(test))
 
 
 # --- each backward by central differences, on random shapes ----------------------------------
 
-@settings(max_examples=8)
-@given(_seeds())
+@_random_seeds(8)
 def test_linear_backward_gradient_check(seed):
     rng = np.random.default_rng(seed)
     lead = tuple(rng.integers(1, 4, rng.integers(1, 3)))
@@ -145,8 +156,7 @@ def test_linear_backward_gradient_check(seed):
     _check_grad(db, _numeric(lambda a: ((x @ w + a) * dout).sum(), b), what, "bias")
 
 
-@settings(max_examples=8)
-@given(_seeds())
+@_random_seeds(8)
 def test_layernorm_backward_gradient_check(seed):
     rng = np.random.default_rng(seed)
     lead = tuple(rng.integers(1, 4, rng.integers(1, 3)))
@@ -162,8 +172,7 @@ def test_layernorm_backward_gradient_check(seed):
     _check_grad(db, _numeric(lambda a: (_ln64(x, w, a, eps) * dout).sum(), b), what, "bias")
 
 
-@settings(max_examples=8)
-@given(_seeds())
+@_random_seeds(8)
 def test_gelu_backward_gradient_check(seed):
     rng = np.random.default_rng(seed)
     x = rng.uniform(1, 4, (3, int(rng.integers(2, 7)))) * rng.choice([-1, 1], 1)  # where tanh and erf forms differ
@@ -173,8 +182,7 @@ def test_gelu_backward_gradient_check(seed):
                 "differentiate GPT-2's tanh form, 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), not the exact (erf) one")
 
 
-@settings(max_examples=8)
-@given(_seeds())
+@_random_seeds(8)
 def test_softmax_backward_gradient_check(seed):
     rng = np.random.default_rng(seed)
     x = rng.normal(0, 2, (int(rng.integers(1, 4)), int(rng.integers(2, 7))))
@@ -185,8 +193,7 @@ def test_softmax_backward_gradient_check(seed):
                 "elementwise")
 
 
-@settings(max_examples=8)
-@given(_seeds())
+@_random_seeds(8)
 def test_softmax_cross_entropy_gradient_check(seed):
     rng = np.random.default_rng(seed)
     lead = tuple(rng.integers(1, 4, rng.integers(1, 3)))
@@ -210,24 +217,19 @@ def test_softmax_cross_entropy_is_stable_and_float32():
     assert_float32(dlogits, "softmax_cross_entropy's dlogits")
 
 
-@settings(max_examples=6)
-@given(_seeds())
+@_random_seeds(6)
 def test_causal_attention_backward_gradient_check(seed):
     rng = np.random.default_rng(seed)
     B, H, T, d = (int(n) for n in (rng.integers(1, 3), rng.integers(1, 3), rng.integers(2, 6), rng.choice([1, 4, 9])))
     q, k, v = (rng.normal(0, 1.5, (B, H, T, d)) for _ in range(3))
     dout = rng.normal(0, 1, (B, H, T, d))
-    what = f"causal_attention_backward, q/k/v {q.shape} (d_head = {d})"
-    dq, dk, dv = S.causal_attention_backward(dout, q, k, v)
     hint = ("recompute the weights exactly as the forward did: scores q·kᵀ scaled by 1/√d_head, the causal mask, "
             "softmax; then back through weights @ v, the softmax and the scale")
-    _check_grad(dq, _numeric(lambda a: (_attention64(a, k, v) * dout).sum(), q), what, "q", hint)
-    _check_grad(dk, _numeric(lambda a: (_attention64(q, a, v) * dout).sum(), k), what, "k", hint)
-    _check_grad(dv, _numeric(lambda a: (_attention64(q, k, a) * dout).sum(), v), what, "v", hint)
+    _check_qkv_grads(S.causal_attention_backward(dout, q, k, v), _attention64, q, k, v, dout,
+                     f"causal_attention_backward, q/k/v {q.shape} (d_head = {d})", hint)
 
 
-@settings(max_examples=6)
-@given(_seeds())
+@_random_seeds(6)
 def test_attention_backward_with_dropout_gradient_check(seed):
     rng = np.random.default_rng(seed)
     q, k, v = (rng.normal(0, 1.5, (1, 2, 5, 4)) for _ in range(3))
@@ -240,15 +242,12 @@ def test_attention_backward_with_dropout_gradient_check(seed):
         s = np.where(np.tril(np.ones((T, T), bool)), q @ k.swapaxes(-1, -2) / 2.0, -np.inf)
         return np.where(keep, _softmax64(s) / (1 - p), 0.0) @ v
 
-    what = "causal_attention_backward with attention dropout (p = 0.3, the forward's keep mask given)"
-    dq, dk, dv = S.causal_attention_backward(dout, q, k, v, keep, p)
-    _check_grad(dq, _numeric(lambda a: (forward(a, k, v) * dout).sum(), q), what, "q", SAME_MASK)
-    _check_grad(dk, _numeric(lambda a: (forward(q, a, v) * dout).sum(), k), what, "k", SAME_MASK)
-    _check_grad(dv, _numeric(lambda a: (forward(q, k, a) * dout).sum(), v), what, "v", SAME_MASK)
+    _check_qkv_grads(S.causal_attention_backward(dout, q, k, v, keep, p), forward, q, k, v, dout,
+                     "causal_attention_backward with attention dropout (p = 0.3, the forward's keep mask given)",
+                     SAME_MASK)
 
 
-@settings(max_examples=8)
-@given(_seeds())
+@_random_seeds(8)
 def test_embedding_backward_gradient_check(seed):
     rng = np.random.default_rng(seed)
     V, D = int(rng.integers(2, 6)), int(rng.integers(1, 5))
@@ -262,8 +261,7 @@ def test_embedding_backward_gradient_check(seed):
                 "an assignment keeps only one")
 
 
-@settings(max_examples=8)
-@given(_seeds())
+@_random_seeds(8)
 def test_tied_head_backward_gradient_check(seed):
     rng = np.random.default_rng(seed)
     V, D = int(rng.integers(2, 7)), int(rng.integers(1, 5))
@@ -275,8 +273,7 @@ def test_tied_head_backward_gradient_check(seed):
     _check_grad(dw, _numeric(lambda a: ((x @ a.T) * dout).sum(), wte), what, "wte")
 
 
-@settings(max_examples=8)
-@given(_seeds(), st.sampled_from([0.1, 0.5, 0.8]))
+@_random_seeds(8, st.sampled_from([0.1, 0.5, 0.8]))
 def test_dropout_backward_uses_the_forwards_mask(seed, p):
     rng = np.random.default_rng(seed)
     x, dout = rng.normal(0, 1, (3, 7)), rng.normal(0, 1, (3, 7))
