@@ -211,6 +211,22 @@ class _Block(Layer):
         ### END SOLUTION
 
 
+class _Stack(Layer):
+    """What the encoder and the decoder share: ``layers``, a list of ``num_layers`` blocks
+    (``block``: EncoderLayer or DecoderLayer), and ``layer_norm`` after the last one when
+    the blocks are pre-norm (``norm_first``; post-norm blocks end normalised already)."""
+
+    block: type[_Block]  # EncoderLayer or DecoderLayer, set by Encoder and Decoder
+
+    def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0, *,
+                 activation: str = "relu", norm_first: bool = False, layer_norm_eps: float = 1e-5,
+                 rng: np.random.Generator | None = None):
+        rng = make_rng(rng)
+        self.layers = [self.block(d_model, num_heads, d_ff, dropout, activation=activation, norm_first=norm_first,
+                                  layer_norm_eps=layer_norm_eps, rng=rng) for _ in range(check_length(num_layers, "num_layers"))]
+        self.layer_norm = LayerNorm(d_model, eps=layer_norm_eps) if norm_first else None
+
+
 class EncoderLayer(_Block):
     """Self-attention (no causal mask) then a feed-forward network, each a residual
     sub-layer. Sub-layers: ``self_attn``, ``self_attn_layer_norm``, ``fc1``, ``fc2``,
@@ -295,17 +311,10 @@ class DecoderLayer(_Block):
         ### END SOLUTION
 
 
-class Encoder(Layer):
-    """A stack of EncoderLayers: ``layers`` (list), and ``layer_norm`` after the last one
-    when the blocks are pre-norm (``norm_first``; post-norm blocks end normalised already)."""
+class Encoder(_Stack):
+    """A stack of EncoderLayers: ``layers``, and ``layer_norm`` when pre-norm (``_Stack``)."""
 
-    def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0, *,
-                 activation: str = "relu", norm_first: bool = False, layer_norm_eps: float = 1e-5,
-                 rng: np.random.Generator | None = None):
-        rng = make_rng(rng)
-        self.layers = [EncoderLayer(d_model, num_heads, d_ff, dropout, activation=activation, norm_first=norm_first,
-                                    layer_norm_eps=layer_norm_eps, rng=rng) for _ in range(check_length(num_layers, "num_layers"))]
-        self.layer_norm = LayerNorm(d_model, eps=layer_norm_eps) if norm_first else None
+    block = EncoderLayer
 
     def forward(self, x: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         """x (B, S, D) → memory (B, S, D)."""
@@ -314,17 +323,10 @@ class Encoder(Layer):
         return x if self.layer_norm is None else self.layer_norm(x)
 
 
-class Decoder(Layer):
-    """A stack of DecoderLayers: ``layers`` (list), and ``layer_norm`` after the last one
-    when the blocks are pre-norm."""
+class Decoder(_Stack):
+    """A stack of DecoderLayers: ``layers``, and ``layer_norm`` when pre-norm (``_Stack``)."""
 
-    def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0, *,
-                 activation: str = "relu", norm_first: bool = False, layer_norm_eps: float = 1e-5,
-                 rng: np.random.Generator | None = None):
-        rng = make_rng(rng)
-        self.layers = [DecoderLayer(d_model, num_heads, d_ff, dropout, activation=activation, norm_first=norm_first,
-                                    layer_norm_eps=layer_norm_eps, rng=rng) for _ in range(check_length(num_layers, "num_layers"))]
-        self.layer_norm = LayerNorm(d_model, eps=layer_norm_eps) if norm_first else None
+    block = DecoderLayer
 
     def forward(self, x: np.ndarray, memory: np.ndarray, self_mask=None, cross_mask=None, *,
                 cache: "DecoderCache | None" = None) -> np.ndarray:
