@@ -179,10 +179,22 @@ class Attention(Layer):
 # -- blocks --------------------------------------------------------------------------------------
 
 class _Block(Layer):
-    """What encoder and decoder layers share: the feed-forward network and the residual
-    wiring of a sub-layer, post-norm or pre-norm."""
+    """What encoder and decoder layers share: the constructor of their sub-layers, each
+    with its own LayerNorm (self-attention; in a decoder layer, ``has_cross_attention``,
+    the cross-attention; the feed-forward network), and the residual wiring of a
+    sub-layer, post-norm or pre-norm."""
 
-    def _init_ffn(self, d_model, d_ff, dropout, activation, norm_first, rng):
+    has_cross_attention = False
+
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0, *,
+                 activation: str = "relu", norm_first: bool = False, layer_norm_eps: float = 1e-5,
+                 rng: np.random.Generator | None = None):
+        rng = make_rng(rng)
+        self.self_attn = Attention(d_model, num_heads, dropout, rng=rng)
+        self.self_attn_layer_norm = LayerNorm(d_model, eps=layer_norm_eps)
+        if self.has_cross_attention:
+            self.encoder_attn = Attention(d_model, num_heads, dropout, rng=rng)
+            self.encoder_attn_layer_norm = LayerNorm(d_model, eps=layer_norm_eps)
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
         self.activation = activation
@@ -190,6 +202,7 @@ class _Block(Layer):
         self.fc1 = Linear(d_model, d_ff, rng=rng)
         self.fc2 = Linear(d_ff, d_model, rng=rng)
         self.dropout = Dropout(dropout, rng=rng)
+        self.final_layer_norm = LayerNorm(d_model, eps=layer_norm_eps)
 
     def feed_forward(self, x: np.ndarray) -> np.ndarray:
         """fc1 → activation (ReLU or exact GELU) → dropout → fc2, (…, D) → (…, D)."""
@@ -230,16 +243,7 @@ class _Stack(Layer):
 class EncoderLayer(_Block):
     """Self-attention (no causal mask) then a feed-forward network, each a residual
     sub-layer. Sub-layers: ``self_attn``, ``self_attn_layer_norm``, ``fc1``, ``fc2``,
-    ``final_layer_norm``, ``dropout``."""
-
-    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0, *,
-                 activation: str = "relu", norm_first: bool = False, layer_norm_eps: float = 1e-5,
-                 rng: np.random.Generator | None = None):
-        rng = make_rng(rng)
-        self.self_attn = Attention(d_model, num_heads, dropout, rng=rng)
-        self.self_attn_layer_norm = LayerNorm(d_model, eps=layer_norm_eps)
-        self._init_ffn(d_model, d_ff, dropout, activation, norm_first, rng)
-        self.final_layer_norm = LayerNorm(d_model, eps=layer_norm_eps)
+    ``final_layer_norm``, ``dropout`` (``_Block``'s constructor)."""
 
     def forward(self, x: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         """x (B, S, D), mask bool (B, 1, S, S) from ``encoder_mask`` → (B, S, D)."""
@@ -255,19 +259,10 @@ class DecoderLayer(_Block):
 
     Sub-layers: ``self_attn``, ``self_attn_layer_norm``, ``encoder_attn`` (the
     cross-attention), ``encoder_attn_layer_norm``, ``fc1``, ``fc2``, ``final_layer_norm``,
-    ``dropout``.
+    ``dropout`` (``_Block``'s constructor).
     """
 
-    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0, *,
-                 activation: str = "relu", norm_first: bool = False, layer_norm_eps: float = 1e-5,
-                 rng: np.random.Generator | None = None):
-        rng = make_rng(rng)
-        self.self_attn = Attention(d_model, num_heads, dropout, rng=rng)
-        self.self_attn_layer_norm = LayerNorm(d_model, eps=layer_norm_eps)
-        self.encoder_attn = Attention(d_model, num_heads, dropout, rng=rng)
-        self.encoder_attn_layer_norm = LayerNorm(d_model, eps=layer_norm_eps)
-        self._init_ffn(d_model, d_ff, dropout, activation, norm_first, rng)
-        self.final_layer_norm = LayerNorm(d_model, eps=layer_norm_eps)
+    has_cross_attention = True
 
     def cached_self_attention(self, h: np.ndarray, mask, cache, index: int) -> np.ndarray:
         """The masked self-attention of ``h`` (B, T, D); with a ``cache``, the new tokens'
