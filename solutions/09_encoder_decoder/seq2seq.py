@@ -229,7 +229,7 @@ class _Stack(Layer):
     (``block``: EncoderLayer or DecoderLayer), and ``layer_norm`` after the last one when
     the blocks are pre-norm (``norm_first``; post-norm blocks end normalised already)."""
 
-    block: type[_Block]  # EncoderLayer or DecoderLayer, set by Encoder and Decoder
+    block = None  # the kind of layer stacked: EncoderLayer in an Encoder, DecoderLayer in a Decoder
 
     def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0, *,
                  activation: str = "relu", norm_first: bool = False, layer_norm_eps: float = 1e-5,
