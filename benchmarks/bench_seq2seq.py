@@ -27,7 +27,6 @@ core spin, and a 2-thread run there was ten times slower than a 1-thread one.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -39,20 +38,11 @@ THREADS = common.set_threads(sys.argv)
 import numpy as np  # noqa: E402
 
 
-def _args():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=int, default=THREADS, help="BLAS and torch threads (default: all cores)")
-    parser.add_argument("--source", type=int, default=32, help="source length (default 32)")
-    parser.add_argument("--new-tokens", type=int, default=64, help="tokens to decode (default 64)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each cached decoder (best counts)")
-    parser.add_argument("--small", action="store_true", help="D = 128, F = 512, V = 8000: a quick look")
-    return parser.parse_args()
-
-
 def main() -> None:
     import torch
 
-    args = _args()
+    args = common.decoding_args(__doc__, THREADS, seq2seq=True, new_tokens=64,
+                                small="D = 128, F = 512, V = 8000: a quick look")
     common.use_reference_solutions()
     import seq2seq
     from gptkit.testing.seq2seq import Seq2SeqShape, hf_marian, random_seq2seq_state
@@ -72,45 +62,34 @@ def main() -> None:
     src = np.random.default_rng(7).integers(0, shape.vocab_size - 1, (1, args.source))
     ids = torch.from_numpy(src)
 
-    print(f"machine: {common.machine()}; {THREADS} thread(s) for NumPy's BLAS and for PyTorch "
-          f"(torch {torch.__version__}, threads {torch.get_num_threads()}; numpy {np.__version__})")
+    common.print_machine(THREADS)
     print(f"task: {n} new tokens from a {args.source}-token source, greedy, batch 1, MarianMT shape "
           f"(D={shape.d_model}, {shape.num_layers}+{shape.decoder_layers} layers, V={shape.vocab_size}; "
           f"{n_params / 1e6:.1f}M parameters, float32)")
-    outputs = {}
 
-    def ours(name, **kw):
-        def run():
-            outputs[name] = seq2seq.greedy_decode(model, src, n, **kw)
-        return run
+    def ours(**kw):
+        return lambda: seq2seq.greedy_decode(model, src, n, **kw)
 
-    def theirs(name, use_cache):
+    def theirs(use_cache):
         def run():
             with torch.inference_mode():
-                outputs[name] = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, num_beams=1,
-                                            max_new_tokens=n, eos_token_id=None, use_cache=use_cache).numpy()
+                return hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, num_beams=1,
+                                   max_new_tokens=n, eos_token_id=None, use_cache=use_cache).numpy()
         return run
 
-    runs = {"NumPy, both caches": (ours("NumPy, both caches"), args.repeats),
-            "NumPy, no cross-attn cache": (ours("NumPy, no cross-attn cache", cache_cross=False), args.repeats),
-            "NumPy, no cache": (ours("NumPy, no cache", use_cache=False), 1),
-            "HF generate(), cache": (theirs("HF generate(), cache", True), args.repeats),
-            "HF generate(), no cache": (theirs("HF generate(), no cache", False), 1)}
-    times = {name: common.best_of(fn, r) for name, (fn, r) in runs.items()}
-    speed = {name: n / t for name, t in times.items()}
-    print()
-    print(f"{'':30s}{'seconds':>9s}{'tokens/s':>10s}")
-    for name, t in times.items():
-        print(f"  {name:28s}{t:9.3f}{speed[name]:10.1f}")
+    times, outputs = common.time_runs({"NumPy, both caches": (ours(), args.repeats),
+                                       "NumPy, no cross-attn cache": (ours(cache_cross=False), args.repeats),
+                                       "NumPy, no cache": (ours(use_cache=False), 1),
+                                       "HF generate(), cache": (theirs(True), args.repeats),
+                                       "HF generate(), no cache": (theirs(False), 1)})
+    speed = common.print_speeds(times, n, width=28, digits=3)
     print()
     print(f"  NumPy both caches ÷ HF generate() with cache: {speed['NumPy, both caches'] / speed['HF generate(), cache']:.2f}× "
           "(target > 1)")
     print(f"  NumPy both caches ÷ NumPy without the cross-attention cache: "
           f"{speed['NumPy, both caches'] / speed['NumPy, no cross-attn cache']:.2f}×")
     print(f"  NumPy no cache ÷ HF no cache: {speed['NumPy, no cache'] / speed['HF generate(), no cache']:.2f}×")
-    ref = outputs["HF generate(), cache"]
-    same = all(o.shape == ref.shape and np.array_equal(o, ref) for o in outputs.values())
-    print(f"\nsame {n} tokens from all five: {'yes' if same else 'NO'}")
+    print(f"\nsame {n} tokens from all five: {common.all_same(outputs.values())}")
 
 
 if __name__ == "__main__":

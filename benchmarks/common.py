@@ -1,12 +1,16 @@
 """Shared set-up for the model benchmarks: one thread count for NumPy's BLAS and for
 PyTorch, the machine's description, and a GPT-2-small-shaped random checkpoint loaded
-into both the reference NumPy model and HuggingFace's GPT2LMHeadModel.
+into both the reference NumPy model and HuggingFace's GPT2LMHeadModel. For the decoding
+benchmarks (``bench_generation.py``, ``bench_llama.py``, ``bench_seq2seq.py``): their
+command line, HuggingFace's greedy ``generate()``, the timing of each decoder, the table
+of speeds, the memory-bandwidth bound and the targets.
 
 Import this module before NumPy: it sets the BLAS thread count from ``--threads``.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import sys
@@ -74,3 +78,110 @@ def best_of(fn, repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return min(times)
+
+
+# --- the decoding benchmarks ------------------------------------------------------------------
+
+def decoding_args(doc: str, threads: int, *, seq2seq: bool = False, new_tokens: int = 128,
+                  small: str | None = None) -> argparse.Namespace:
+    """A decoding benchmark's command line: ``--threads``, the input's length (a decoder-only
+    model generates after a ``--prompt``, an encoder–decoder decodes from a ``--source``),
+    ``--new-tokens``, ``--repeats``, and ``--small`` (with its help) where ``small`` is given."""
+    flag, what, verb, decoder = (("--source", "source length", "decode", "decoder") if seq2seq
+                                 else ("--prompt", "prompt length", "generate", "generator"))
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=threads, help="BLAS and torch threads (default: all cores)")
+    parser.add_argument(flag, type=int, default=32, help=f"{what} (default 32)")
+    parser.add_argument("--new-tokens", type=int, default=new_tokens, help=f"tokens to {verb} (default {new_tokens})")
+    parser.add_argument("--repeats", type=int, default=3, help=f"timed runs of each cached {decoder} (best counts)")
+    if small is not None:
+        parser.add_argument("--small", action="store_true", help=small)
+    return parser.parse_args()
+
+
+def print_machine(threads: int) -> None:
+    """The first line of a decoding benchmark: the machine, the threads and the versions."""
+    import numpy as np
+    import torch
+
+    print(f"machine: {machine()}; {threads} thread(s) for NumPy's BLAS and for PyTorch "
+          f"(torch {torch.__version__}, threads {torch.get_num_threads()}; numpy {np.__version__})")
+
+
+def hf_greedy(hf, prompt, n: int):
+    """A function running HuggingFace's ``generate()`` with its cache: ``n`` tokens greedily
+    after ``prompt`` (a (1, T) array), never stopping early; it returns the ids as NumPy."""
+    import torch
+
+    ids = torch.from_numpy(prompt)
+    kwargs = dict(attention_mask=torch.ones_like(ids), do_sample=False, num_beams=1, eos_token_id=None,
+                  pad_token_id=0, max_new_tokens=n, min_new_tokens=n)
+
+    def generate():
+        with torch.inference_mode():
+            return hf.generate(ids, **kwargs).numpy()
+
+    return generate
+
+
+def time_runs(runs: dict) -> tuple[dict, dict]:
+    """``{name: (fn, repeats)}`` → (``{name: best_of(fn, repeats)}``, ``{name: what fn returned}``)."""
+    times, outputs = {}, {}
+    for name, (fn, repeats) in runs.items():
+        def run(name=name, fn=fn):
+            outputs[name] = fn()
+        times[name] = best_of(run, repeats)
+    return times, outputs
+
+
+def print_speeds(times: dict, n: int, width: int = 26, digits: int = 2) -> dict:
+    """Each run's seconds and tokens/s (``n`` new tokens), as a table after a blank line;
+    returns the tokens/s."""
+    speed = {name: n / t for name, t in times.items()}
+    print()
+    print(f"{'':{width + 2}s}{'seconds':>9s}{'tokens/s':>10s}")
+    for name, t in times.items():
+        print(f"  {name:{width}s}{t:9.{digits}f}{speed[name]:10.1f}")
+    return speed
+
+
+def matvec_bandwidth(repeats: int = 7) -> tuple[float, float]:
+    """GB/s of W @ x and of x @ W for a 512 MB float32 W (16384 × 8192), read once per product."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((16384, 8192), dtype=np.float32)
+    x_right = rng.standard_normal(8192, dtype=np.float32)
+    x_left = rng.standard_normal(16384, dtype=np.float32)
+    return (W.nbytes / best_of(lambda: W @ x_right, repeats) / 1e9,
+            W.nbytes / best_of(lambda: x_left @ W, repeats) / 1e9)
+
+
+def print_speeds_and_bound(times: dict, n: int, read_per_token: int, what: str) -> tuple[dict, float, float]:
+    """The table of speeds (``print_speeds``), then the bound on tokens/s when a token reads
+    ``read_per_token`` bytes (``what`` they are), from the mat-vec bandwidth in both
+    orientations; returns (tokens/s, bound from W @ x, bound from x @ W)."""
+    speed = print_speeds(times, n)
+    gb_s, gb_s_left = matvec_bandwidth()
+    bound, bound_left = gb_s * 1e9 / read_per_token, gb_s_left * 1e9 / read_per_token
+    print()
+    print(f"weights read per token: {read_per_token / 1e6:.0f} MB ({what}, float32)")
+    print(f"mat-vec bandwidth, 512 MB float32: W @ x {gb_s:.1f} GB/s (x @ W: {gb_s_left:.1f} GB/s)")
+    print(f"bound: {gb_s:.1f} GB/s ÷ {read_per_token / 1e6:.0f} MB = {bound:.1f} tokens/s "
+          f"(from x @ W: {bound_left:.1f})")
+    print()
+    return speed, bound, bound_left
+
+
+def print_target(name: str, value: float, target: float, width: int, percent: bool = False) -> None:
+    """One target line: the value (× or %), the target and whether it is met."""
+    shown, goal = (f"{100 * value:.0f}%", f"{100 * target:.0f}%") if percent else (f"{value:.2f}×", f"{target:g}×")
+    print(f"  {name:{width}s}{shown:>8s}   target ≥ {goal}: {'met' if value >= target else 'NOT met'}")
+
+
+def all_same(outputs) -> str:
+    """``yes`` when every array of ``outputs`` equals the first (shape and values), else ``NO``."""
+    import numpy as np
+
+    first, *rest = outputs
+    return "yes" if all(np.array_equal(o, first) for o in rest) else "NO"

@@ -22,20 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from gptkit.checkpoints import HOW_TO_GET_GPT2, GPT2Shape, find_real_gpt2, random_gpt2_state, write_checkpoint
-from gptkit.testing.layout import bind_tree, resolve_impl
+from gptkit.command import CommandError, run_command, use_impl
 
 SMALL_RANDOM = GPT2Shape(vocab_size=512, d_model=64, num_layers=2, num_heads=4, max_seq_len=64)
-
-
-class DemoError(Exception):
-    """A problem the user can fix; printed as one line."""
-
-
-def _use_impl(impl: str) -> None:
-    try:
-        bind_tree(resolve_impl(impl))
-    except ValueError as exc:
-        raise DemoError(f"--impl={impl}: {exc}") from None
 
 
 def _tokenizer(folder: Path):
@@ -54,14 +43,14 @@ def _parse_ids(text: str) -> np.ndarray:
     try:
         ids = [int(t) for t in text.replace(" ", "").split(",") if t]
     except ValueError:
-        raise DemoError(f"--ids must be comma-separated integers, got {text!r}") from None
+        raise CommandError(f"--ids must be comma-separated integers, got {text!r}") from None
     if not ids:
-        raise DemoError("--ids needs at least one token id")
+        raise CommandError("--ids needs at least one token id")
     return np.array([ids], dtype=np.int64)
 
 
 def run(args) -> int:
-    _use_impl(args.impl)
+    use_impl(args.impl)
     import gpt2_weights  # the student's lab 05 (which builds the student's lab 04 model)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -73,7 +62,7 @@ def run(args) -> int:
         else:
             folder = Path(args.checkpoint) if args.checkpoint else find_real_gpt2()
             if folder is None:
-                raise DemoError(HOW_TO_GET_GPT2 + "; or try `--random`")
+                raise CommandError(HOW_TO_GET_GPT2 + "; or try `--random`")
         start = time.perf_counter()
         model = gpt2_weights.load_gpt2(folder)
         print(f"loaded {'the random checkpoint' if args.random else folder} into your GPTModel in {time.perf_counter() - start:.1f} s "
@@ -84,8 +73,8 @@ def run(args) -> int:
         elif tok is not None:
             ids = np.array([tok.encode(args.prompt)], dtype=np.int64)
         else:
-            raise DemoError("no GPT-2 tokenizer here (it needs `uv sync --extra torch` and the tokenizer files "
-                            "in the checkpoint folder): give token ids with --ids, e.g. --ids 464,3290")
+            raise CommandError("no GPT-2 tokenizer here (it needs `uv sync --extra torch` and the tokenizer files "
+                               "in the checkpoint folder): give token ids with --ids, e.g. --ids 464,3290")
         n = min(args.tokens, model.max_seq_len - ids.shape[1])
         start = time.perf_counter()
         out = gpt2_weights.generate_greedy(model, ids, n)
@@ -108,18 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--random", action="store_true", help="use a small random checkpoint instead of real weights")
     p.add_argument("--impl", default="labs", help="whose code: labs (yours, default), solutions, or a path")
     args = p.parse_args(argv)
-    try:
-        return run(args)
-    except DemoError as exc:
-        print(f"demo: {exc}", file=sys.stderr)
-        return 2
-    except NotImplementedError as exc:
-        print(f"demo: your code is not finished yet: {exc}. Finish that lab first "
-              f"(its tests: uv run pytest -m lab{str(exc)[4:6]})", file=sys.stderr)
-        return 1
-    except (ValueError, FileNotFoundError, TypeError) as exc:
-        print(f"demo: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+    return run_command("demo", lambda: run(args), also=(ValueError, FileNotFoundError, TypeError))
 
 
 if __name__ == "__main__":

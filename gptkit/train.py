@@ -30,13 +30,10 @@ from pathlib import Path
 
 import numpy as np
 
-from gptkit.testing.layout import KIT_ROOT, bind_tree, resolve_impl
+from gptkit.command import CommandError, run_command, use_impl
+from gptkit.testing.layout import KIT_ROOT
 
 CORPUS = KIT_ROOT / "labs" / "07_training" / "data" / "shakespeare.txt"
-
-
-class TrainError(Exception):
-    """A problem the user can fix; printed as one line."""
 
 
 def _bar(step: int, total: int, loss: float, tok_s: float, eta: float, width: int = 24) -> str:
@@ -55,7 +52,7 @@ def _save(out: Path, tr, model, opt, step: int, history: list) -> None:
 def _resume(out: Path, gpt2_weights, model, opt) -> tuple[int, list]:
     """Load model and optimizer state from ``out``; returns (next step, history)."""
     if not (out / "model.safetensors").is_file() or not (out / "optimizer.safetensors").is_file():
-        raise TrainError(f"--resume: no checkpoint in {out} (model.safetensors and optimizer.safetensors)")
+        raise CommandError(f"--resume: no checkpoint in {out} (model.safetensors and optimizer.safetensors)")
     model.load_state_dict(gpt2_weights.read_checkpoint(out / "model.safetensors"))
     raw = (out / "optimizer.safetensors").read_bytes()
     n = int.from_bytes(raw[:8], "little")
@@ -109,10 +106,7 @@ def sample(model, tok, gen, *, prompt: str, n: int, temperature: float, top_k: i
 
 
 def run(args) -> int:
-    try:
-        bind_tree(resolve_impl(args.impl))
-    except ValueError as exc:
-        raise TrainError(f"--impl={args.impl}: {exc}") from None
+    use_impl(args.impl)
     import generation  # lab 06
     import gpt  # lab 04
     import gpt2_weights  # lab 05
@@ -202,15 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
-    try:
-        return run(args)
-    except TrainError as exc:
-        print(f"train: {exc}", file=sys.stderr)
-        return 2
-    except NotImplementedError as exc:
-        print(f"\ntrain: your code is not finished yet: {exc}. Finish that lab first "
-              f"(its tests: uv run pytest -m lab{str(exc)[4:6]})", file=sys.stderr)
-        return 1
+    return run_command("train", lambda: run(args), after_progress=True)
 
 
 if __name__ == "__main__":

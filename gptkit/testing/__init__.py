@@ -10,7 +10,8 @@ import importlib
 _HOMES = {
     "assertions": ["assert_causal", "assert_close", "assert_float32", "assert_rejects_bad_x", "explains_errors",
                    "mismatch_summary", "raises_clearly"],
-    "fixtures": ["diagnosis_label", "load_fixture", "stored_diagnoses"],
+    "checkpoints": ["checkpoint_on_disk", "real_checkpoint"],
+    "fixtures": ["diagnosis_label", "fixture_params", "load_fixture", "stored_diagnoses"],
     "loader": ["lab"],
     "remote": ["same_object", "shares_memory"],
 }

@@ -52,6 +52,12 @@ def load_fixture(lab: str, case: str) -> dict[str, np.ndarray]:
     return {k: v.copy() for k, v in _cache[path].items()}
 
 
+def fixture_params(fixture: dict[str, np.ndarray], prefix: str = "param.") -> dict[str, np.ndarray]:
+    """The arrays a fixture stores under ``prefix``, named without it; a catalogued
+    mistake's stored outputs (``<name>@<bug id>``) are left out."""
+    return {k[len(prefix):]: v for k, v in fixture.items() if k.startswith(prefix) and "@" not in k}
+
+
 # What a catalogued mistake outputs is stored beside the right answer: ``<output>@<bug id>``
 # holds the array, ``label@<bug id>`` the bug's concept (``solutions/NN_name/bugs.toml``).
 def diagnosis_key(output: str, bug_id: str) -> str:

@@ -254,6 +254,17 @@ def config_file(path) -> Path:
     return file
 
 
+def read_config_json(path) -> tuple[dict, Path]:
+    """The parsed ``config.json`` that ``path`` names (see ``config_file``), and that file;
+    ValueError when it is not JSON. What it holds is for the caller to check."""
+    file = config_file(path)
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{file} is not valid JSON ({exc})") from None
+    return config, file
+
+
 def read_config(path) -> dict:
     """``GPTModel``'s keyword arguments from a GPT-2 ``config.json``.
 
@@ -265,11 +276,7 @@ def read_config(path) -> dict:
         "layer_norm_eps"}: from ``vocab_size``, ``n_embd``, ``n_layer``, ``n_head``,
         ``n_inner`` (None means 4·n_embd), ``n_positions``, ``layer_norm_epsilon``.
     """
-    file = config_file(path)
-    try:
-        config = json.loads(file.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{file} is not valid JSON ({exc})") from None
+    config, file = read_config_json(path)
     _check_gpt2_config(config, file)
     ### BEGIN SOLUTION map GPT-2's config names onto GPTModel's arguments (n_inner None → 4·n_embd)
     return {

@@ -22,14 +22,12 @@ projection (and an untied ``lm_head``).
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
 from causal_mask import causal_mask, scaled_dot_product_attention
 from embeddings import TokenEmbedding
 from generation import sample_next
-from gpt2_weights import checkpoint_file, config_file, decode_tensor, parse_header
+from gpt2_weights import checkpoint_file, decode_tensor, parse_header, read_config_json
 from gptkit import Layer, as_float_array, check_last_dim, check_length, check_ndim, make_rng, state_diff
 from layers import Linear
 
@@ -497,11 +495,7 @@ def read_config(path) -> dict:
         ``rope_theta`` (default 10000.0; newer files keep it in
         ``rope_parameters["rope_theta"]``) and ``tie_word_embeddings`` (default False).
     """
-    file = config_file(path)
-    try:
-        config = json.loads(file.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{file} is not valid JSON ({exc})") from None
+    config, file = read_config_json(path)
     _check_llama_config(config, file)
     rope = config.get("rope_parameters") or {}
     ### BEGIN SOLUTION map HuggingFace's Llama config names onto LlamaModel's arguments, with Llama's defaults

@@ -179,10 +179,22 @@ class Attention(Layer):
 # -- blocks --------------------------------------------------------------------------------------
 
 class _Block(Layer):
-    """What encoder and decoder layers share: the feed-forward network and the residual
-    wiring of a sub-layer, post-norm or pre-norm."""
+    """What encoder and decoder layers share: the constructor of their sub-layers, each
+    with its own LayerNorm (self-attention; in a decoder layer, ``has_cross_attention``,
+    the cross-attention; the feed-forward network), and the residual wiring of a
+    sub-layer, post-norm or pre-norm."""
 
-    def _init_ffn(self, d_model, d_ff, dropout, activation, norm_first, rng):
+    has_cross_attention = False
+
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0, *,
+                 activation: str = "relu", norm_first: bool = False, layer_norm_eps: float = 1e-5,
+                 rng: np.random.Generator | None = None):
+        rng = make_rng(rng)
+        self.self_attn = Attention(d_model, num_heads, dropout, rng=rng)
+        self.self_attn_layer_norm = LayerNorm(d_model, eps=layer_norm_eps)
+        if self.has_cross_attention:
+            self.encoder_attn = Attention(d_model, num_heads, dropout, rng=rng)
+            self.encoder_attn_layer_norm = LayerNorm(d_model, eps=layer_norm_eps)
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
         self.activation = activation
@@ -190,6 +202,7 @@ class _Block(Layer):
         self.fc1 = Linear(d_model, d_ff, rng=rng)
         self.fc2 = Linear(d_ff, d_model, rng=rng)
         self.dropout = Dropout(dropout, rng=rng)
+        self.final_layer_norm = LayerNorm(d_model, eps=layer_norm_eps)
 
     def feed_forward(self, x: np.ndarray) -> np.ndarray:
         """fc1 → activation (ReLU or exact GELU) → dropout → fc2, (…, D) → (…, D)."""
@@ -211,19 +224,26 @@ class _Block(Layer):
         ### END SOLUTION
 
 
-class EncoderLayer(_Block):
-    """Self-attention (no causal mask) then a feed-forward network, each a residual
-    sub-layer. Sub-layers: ``self_attn``, ``self_attn_layer_norm``, ``fc1``, ``fc2``,
-    ``final_layer_norm``, ``dropout``."""
+class _Stack(Layer):
+    """What the encoder and the decoder share: ``layers``, a list of ``num_layers`` blocks
+    (``block``: EncoderLayer or DecoderLayer), and ``layer_norm`` after the last one when
+    the blocks are pre-norm (``norm_first``; post-norm blocks end normalised already)."""
 
-    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0, *,
+    block = None  # the kind of layer stacked: EncoderLayer in an Encoder, DecoderLayer in a Decoder
+
+    def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0, *,
                  activation: str = "relu", norm_first: bool = False, layer_norm_eps: float = 1e-5,
                  rng: np.random.Generator | None = None):
         rng = make_rng(rng)
-        self.self_attn = Attention(d_model, num_heads, dropout, rng=rng)
-        self.self_attn_layer_norm = LayerNorm(d_model, eps=layer_norm_eps)
-        self._init_ffn(d_model, d_ff, dropout, activation, norm_first, rng)
-        self.final_layer_norm = LayerNorm(d_model, eps=layer_norm_eps)
+        self.layers = [self.block(d_model, num_heads, d_ff, dropout, activation=activation, norm_first=norm_first,
+                                  layer_norm_eps=layer_norm_eps, rng=rng) for _ in range(check_length(num_layers, "num_layers"))]
+        self.layer_norm = LayerNorm(d_model, eps=layer_norm_eps) if norm_first else None
+
+
+class EncoderLayer(_Block):
+    """Self-attention (no causal mask) then a feed-forward network, each a residual
+    sub-layer. Sub-layers: ``self_attn``, ``self_attn_layer_norm``, ``fc1``, ``fc2``,
+    ``final_layer_norm``, ``dropout`` (``_Block``'s constructor)."""
 
     def forward(self, x: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         """x (B, S, D), mask bool (B, 1, S, S) from ``encoder_mask`` → (B, S, D)."""
@@ -239,19 +259,10 @@ class DecoderLayer(_Block):
 
     Sub-layers: ``self_attn``, ``self_attn_layer_norm``, ``encoder_attn`` (the
     cross-attention), ``encoder_attn_layer_norm``, ``fc1``, ``fc2``, ``final_layer_norm``,
-    ``dropout``.
+    ``dropout`` (``_Block``'s constructor).
     """
 
-    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0, *,
-                 activation: str = "relu", norm_first: bool = False, layer_norm_eps: float = 1e-5,
-                 rng: np.random.Generator | None = None):
-        rng = make_rng(rng)
-        self.self_attn = Attention(d_model, num_heads, dropout, rng=rng)
-        self.self_attn_layer_norm = LayerNorm(d_model, eps=layer_norm_eps)
-        self.encoder_attn = Attention(d_model, num_heads, dropout, rng=rng)
-        self.encoder_attn_layer_norm = LayerNorm(d_model, eps=layer_norm_eps)
-        self._init_ffn(d_model, d_ff, dropout, activation, norm_first, rng)
-        self.final_layer_norm = LayerNorm(d_model, eps=layer_norm_eps)
+    has_cross_attention = True
 
     def cached_self_attention(self, h: np.ndarray, mask, cache, index: int) -> np.ndarray:
         """The masked self-attention of ``h`` (B, T, D); with a ``cache``, the new tokens'
@@ -295,17 +306,10 @@ class DecoderLayer(_Block):
         ### END SOLUTION
 
 
-class Encoder(Layer):
-    """A stack of EncoderLayers: ``layers`` (list), and ``layer_norm`` after the last one
-    when the blocks are pre-norm (``norm_first``; post-norm blocks end normalised already)."""
+class Encoder(_Stack):
+    """A stack of EncoderLayers: ``layers``, and ``layer_norm`` when pre-norm (``_Stack``)."""
 
-    def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0, *,
-                 activation: str = "relu", norm_first: bool = False, layer_norm_eps: float = 1e-5,
-                 rng: np.random.Generator | None = None):
-        rng = make_rng(rng)
-        self.layers = [EncoderLayer(d_model, num_heads, d_ff, dropout, activation=activation, norm_first=norm_first,
-                                    layer_norm_eps=layer_norm_eps, rng=rng) for _ in range(check_length(num_layers, "num_layers"))]
-        self.layer_norm = LayerNorm(d_model, eps=layer_norm_eps) if norm_first else None
+    block = EncoderLayer
 
     def forward(self, x: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         """x (B, S, D) → memory (B, S, D)."""
@@ -314,17 +318,10 @@ class Encoder(Layer):
         return x if self.layer_norm is None else self.layer_norm(x)
 
 
-class Decoder(Layer):
-    """A stack of DecoderLayers: ``layers`` (list), and ``layer_norm`` after the last one
-    when the blocks are pre-norm."""
+class Decoder(_Stack):
+    """A stack of DecoderLayers: ``layers``, and ``layer_norm`` when pre-norm (``_Stack``)."""
 
-    def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.0, *,
-                 activation: str = "relu", norm_first: bool = False, layer_norm_eps: float = 1e-5,
-                 rng: np.random.Generator | None = None):
-        rng = make_rng(rng)
-        self.layers = [DecoderLayer(d_model, num_heads, d_ff, dropout, activation=activation, norm_first=norm_first,
-                                    layer_norm_eps=layer_norm_eps, rng=rng) for _ in range(check_length(num_layers, "num_layers"))]
-        self.layer_norm = LayerNorm(d_model, eps=layer_norm_eps) if norm_first else None
+    block = DecoderLayer
 
     def forward(self, x: np.ndarray, memory: np.ndarray, self_mask=None, cross_mask=None, *,
                 cache: "DecoderCache | None" = None) -> np.ndarray:

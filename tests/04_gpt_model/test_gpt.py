@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gptkit.testing import (assert_causal, assert_close, assert_rejects_bad_x, assert_float32, lab, load_fixture, raises_clearly,
-                            stored_diagnoses)
+from gptkit.testing import (assert_causal, assert_close, assert_rejects_bad_x, assert_float32, fixture_params, lab,
+                            load_fixture, raises_clearly, stored_diagnoses)
 from gptkit.testing.parameters import set_parameters
 
 G = lab("gpt")
@@ -18,25 +18,21 @@ D, H, F = 12, 3, 20  # the fixtures' sizes: d_head = 4
 # the bug's concept as its label (`stored_diagnoses`).
 
 
-def _params(f, prefix="param."):
-    return {k[len(prefix):]: v for k, v in f.items() if k.startswith(prefix)}
-
-
 def _mha(dropout=0.1):
     f = load_fixture(LAB, "mha")
     layer = G.MultiHeadAttention(D, H, dropout=dropout, rng=np.random.default_rng(1))
-    return set_parameters(layer, _params(f), f"MultiHeadAttention({D}, {H})"), f
+    return set_parameters(layer, fixture_params(f), f"MultiHeadAttention({D}, {H})"), f
 
 
 def _block():
     f = load_fixture(LAB, "block")
     layer = G.TransformerBlock(D, H, F, dropout=0.1, rng=np.random.default_rng(1))
-    return set_parameters(layer, _params(f), f"TransformerBlock({D}, {H}, {F})"), f
+    return set_parameters(layer, fixture_params(f), f"TransformerBlock({D}, {H}, {F})"), f
 
 
 def _model(case="model", dropout=0.1):
     f = load_fixture(LAB, case)
-    p = _params(f)
+    p = fixture_params(f)
     V, Dm = p["wte.weight"].shape
     L = p["wpe.weight"].shape[0]
     layers = len({k.split(".")[1] for k in p if k.startswith("h.")})
@@ -215,7 +211,7 @@ def test_parameters_have_gpt2_names():
     model, f = _model()
     model(f["ids"])
     names = set(model.state_dict())
-    expected = set(_params(f))
+    expected = set(fixture_params(f))
     assert names == expected, (
         f"GPTModel.state_dict() must use GPT-2's names: missing {sorted(expected - names)[:6]}, "
         f"extra {sorted(names - expected)[:6]}")

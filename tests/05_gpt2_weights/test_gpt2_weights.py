@@ -9,7 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from gptkit.testing import assert_close, assert_float32, explains_errors, lab, load_fixture, raises_clearly
+from gptkit.testing import (assert_close, assert_float32, checkpoint_on_disk, explains_errors, fixture_params, lab,
+                            raises_clearly)
 from gptkit.checkpoints import safetensors_bytes
 
 W = lab("gpt2_weights")
@@ -25,20 +26,6 @@ C_PROJ_TRANSPOSED = ("attn.c_proj.weight transposed: GPT-2's Conv1D stores every
 EXACT_GELU = "GPT-2 computed with the exact (erf) GELU: GPT-2 uses the tanh form (gelu_new)"
 LENGTH_HINT = ("the first 8 bytes are the header length n, an unsigned 64-bit little-endian integer; "
                "the JSON header is the next n bytes")
-
-
-def _checkpoint(tmp_path, case):
-    """The fixture's checkpoint folder on disk, and the fixture."""
-    f = load_fixture(LAB, case)
-    folder = tmp_path / case
-    folder.mkdir()
-    (folder / "model.safetensors").write_bytes(f["model_safetensors"].tobytes())
-    (folder / "config.json").write_bytes(f["config_json"].tobytes())
-    return folder, f
-
-
-def _params(f):
-    return {k[len("param."):]: v for k, v in f.items() if k.startswith("param.")}
 
 
 # --- the safetensors format -------------------------------------------------------------------
@@ -117,9 +104,9 @@ def test_hub_name_maps_and_skips():
 
 @pytest.mark.parametrize("case", CASES)
 def test_read_checkpoint(tmp_path, case):
-    folder, f = _checkpoint(tmp_path, case)
+    folder, f = checkpoint_on_disk(tmp_path, LAB, case)
     state = W.read_checkpoint(folder)
-    expected = _params(f)
+    expected = fixture_params(f)
     assert isinstance(state, dict), f"read_checkpoint must return a dict, got {type(state).__name__}"
     assert set(state) == set(expected), (
         f"read_checkpoint on {LAYOUT[case]}: names must be GPT-2's hub names; missing "
@@ -132,7 +119,7 @@ def test_read_checkpoint(tmp_path, case):
 
 
 def test_read_checkpoint_takes_the_file_or_its_folder(tmp_path):
-    folder, f = _checkpoint(tmp_path, "hf_layout")
+    folder, f = checkpoint_on_disk(tmp_path, LAB, "hf_layout")
     a, b = W.read_checkpoint(folder), W.read_checkpoint(folder / "model.safetensors")
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), (
         "read_checkpoint(folder) and read_checkpoint(folder / 'model.safetensors') must agree")
@@ -140,7 +127,7 @@ def test_read_checkpoint_takes_the_file_or_its_folder(tmp_path):
 
 @pytest.mark.parametrize("case", CASES)
 def test_read_config(tmp_path, case):
-    folder, f = _checkpoint(tmp_path, case)
+    folder, f = checkpoint_on_disk(tmp_path, LAB, case)
     expected = json.loads(f["expected_config_json"].tobytes())
     got = W.read_config(folder)
     assert isinstance(got, dict), f"read_config must return a dict, got {type(got).__name__}"
@@ -161,7 +148,7 @@ def test_read_config(tmp_path, case):
 
 @pytest.mark.parametrize("case", CASES)
 def test_load_gpt2_matches_huggingface(tmp_path, case):
-    folder, f = _checkpoint(tmp_path, case)
+    folder, f = checkpoint_on_disk(tmp_path, LAB, case)
     model = W.load_gpt2(folder)
     assert not model.training, "load_gpt2 must return the model in eval mode (dropout off)"
     logits = model(f["ids"])
@@ -173,7 +160,7 @@ def test_load_gpt2_matches_huggingface(tmp_path, case):
 
 @pytest.mark.parametrize("case", CASES)
 def test_generate_greedy_matches_huggingface(tmp_path, case):
-    folder, f = _checkpoint(tmp_path, case)
+    folder, f = checkpoint_on_disk(tmp_path, LAB, case)
     model = W.load_gpt2(folder)
     prompt = f["prompt"].copy()
     out = W.generate_greedy(model, prompt, f["greedy"].shape[1] - prompt.shape[1])
@@ -191,7 +178,7 @@ def test_generate_greedy_matches_huggingface(tmp_path, case):
 
 
 def test_generate_greedy_edge_cases(tmp_path):
-    folder, f = _checkpoint(tmp_path, "hf_layout")
+    folder, f = checkpoint_on_disk(tmp_path, LAB, "hf_layout")
     model = W.load_gpt2(folder)
     prompt = f["prompt"]
     same = W.generate_greedy(model, prompt, 0)
@@ -210,7 +197,7 @@ def test_generate_greedy_edge_cases(tmp_path):
 # --- bad checkpoints get clear errors ---------------------------------------------------------------
 
 def test_not_a_safetensors_file(tmp_path):
-    folder, _ = _checkpoint(tmp_path, "hf_layout")
+    folder, _ = checkpoint_on_disk(tmp_path, LAB, "hf_layout")
     W.read_checkpoint(folder)
     bad = tmp_path / "notes.safetensors"
     bad.write_bytes(b"this is a text file, not a checkpoint at all\n" * 3)
@@ -223,7 +210,7 @@ def test_not_a_safetensors_file(tmp_path):
 
 
 def test_truncated_checkpoint(tmp_path):
-    folder, _ = _checkpoint(tmp_path, "hf_layout")
+    folder, _ = checkpoint_on_disk(tmp_path, LAB, "hf_layout")
     W.read_checkpoint(folder)
     data = (folder / "model.safetensors").read_bytes()
     (folder / "model.safetensors").write_bytes(data[: len(data) * 2 // 3])
@@ -232,16 +219,16 @@ def test_truncated_checkpoint(tmp_path):
 
 
 def test_checkpoint_missing_a_parameter(tmp_path):
-    folder, f = _checkpoint(tmp_path, "hf_layout")
+    folder, f = checkpoint_on_disk(tmp_path, LAB, "hf_layout")
     W.read_checkpoint(folder)
-    params = {("transformer." + k): v for k, v in _params(f).items() if k != "h.1.ln_2.bias"}
+    params = {("transformer." + k): v for k, v in fixture_params(f).items() if k != "h.1.ln_2.bias"}
     (folder / "model.safetensors").write_bytes(safetensors_bytes(params, {"format": "pt"}))
     with raises_clearly(ValueError, when="read_checkpoint without h.1.ln_2.bias", mentions="h.1.ln_2.bias"):
         W.read_checkpoint(folder)
 
 
 def test_not_a_gpt2_checkpoint(tmp_path):
-    folder, _ = _checkpoint(tmp_path, "hf_layout")
+    folder, _ = checkpoint_on_disk(tmp_path, LAB, "hf_layout")
     W.read_checkpoint(folder)
     (folder / "model.safetensors").write_bytes(safetensors_bytes(
         {"bert.embeddings.word_embeddings.weight": np.zeros((4, 2), np.float32)}, {"format": "pt"}))
@@ -256,7 +243,7 @@ def _rewrite_config(folder, f, change):
 
 
 def test_config_that_disagrees_with_the_weights(tmp_path):
-    folder, f = _checkpoint(tmp_path, "hf_layout")
+    folder, f = checkpoint_on_disk(tmp_path, LAB, "hf_layout")
     W.load_gpt2(folder)
     _rewrite_config(folder, f, lambda config: {"n_embd": 2 * config["n_embd"]})
     with raises_clearly(ValueError, when="load_gpt2 with config.json's n_embd doubled", mentions="config"):
@@ -264,7 +251,7 @@ def test_config_that_disagrees_with_the_weights(tmp_path):
 
 
 def test_config_of_another_model(tmp_path):
-    folder, f = _checkpoint(tmp_path, "hf_layout")
+    folder, f = checkpoint_on_disk(tmp_path, LAB, "hf_layout")
     W.read_config(folder)
     _rewrite_config(folder, f, lambda config: {"model_type": "llama"})
     with raises_clearly(ValueError, when="read_config of a llama config.json", mentions="GPT-2"):
@@ -275,7 +262,7 @@ def test_config_of_another_model(tmp_path):
 
 
 def test_folder_without_a_checkpoint(tmp_path):
-    folder, _ = _checkpoint(tmp_path, "hf_layout")
+    folder, _ = checkpoint_on_disk(tmp_path, LAB, "hf_layout")
     W.read_checkpoint(folder)
     empty = tmp_path / "empty"
     empty.mkdir()

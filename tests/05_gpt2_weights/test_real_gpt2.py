@@ -5,7 +5,7 @@ how to get them."""
 import numpy as np
 import pytest
 
-from gptkit.testing import assert_close, lab
+from gptkit.testing import assert_close, lab, real_checkpoint
 from gptkit.checkpoints import HOW_TO_GET_GPT2, find_real_gpt2
 
 W = lab("gpt2_weights")
@@ -18,9 +18,7 @@ THE_DOG = [464, 3290, 373, 1043, 287, 257, 2214, 1474, 262, 16246, 286, 2688, 29
 
 @pytest.fixture(scope="module")
 def gpt2():
-    folder = find_real_gpt2()
-    if folder is None:
-        pytest.skip(HOW_TO_GET_GPT2)
+    folder = real_checkpoint(find_real_gpt2, HOW_TO_GET_GPT2)
     return folder, W.load_gpt2(folder)
 
 

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gptkit.testing import (assert_close, assert_float32, diagnosis_label, explains_errors, lab, load_fixture,
-                            raises_clearly, same_object, shares_memory, stored_diagnoses)
+from gptkit.testing import (assert_close, assert_float32, diagnosis_label, explains_errors, fixture_params, lab,
+                            load_fixture, raises_clearly, same_object, shares_memory, stored_diagnoses)
 from gptkit.testing.parameters import set_parameters
 
 S = lab("generation")
@@ -43,15 +43,11 @@ OVERFLOW_HINT = "exp() overflows float32 above about 88: subtract each row's max
 
 # --- helpers ---------------------------------------------------------------------------------
 
-def _params(f, prefix="param."):
-    return {k[len(prefix):]: v for k, v in f.items() if k.startswith(prefix)}
-
-
 def _model():
     """The student's GPTModel holding the fixtures' random GPT-2 (every parameter random)."""
     f = load_fixture(LAB, "cache")
     model = G.GPTModel(V, D, LAYERS, HEADS, 4 * D, L, rng=np.random.default_rng(1))
-    return set_parameters(model, _params(f), f"GPTModel(vocab_size={V}, d_model={D}, num_layers={LAYERS})")
+    return set_parameters(model, fixture_params(f), f"GPTModel(vocab_size={V}, d_model={D}, num_layers={LAYERS})")
 
 
 def _scalar(x):

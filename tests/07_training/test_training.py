@@ -21,8 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gptkit.checkpoints import GPT2Shape, random_gpt2_state
-from gptkit.testing import (assert_close, assert_float32, explains_errors, lab, load_fixture, raises_clearly,
-                            stored_diagnoses)
+from gptkit.testing import (assert_close, assert_float32, explains_errors, fixture_params, lab, load_fixture,
+                            raises_clearly, stored_diagnoses)
 from gptkit.testing.parameters import set_parameters
 
 S = lab("training")
@@ -36,10 +36,6 @@ SAME_MASK = ("with dropout on, every backward must let the gradient through the 
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-def _params(f, prefix="param."):
-    return {k[len(prefix):]: v for k, v in f.items() if k.startswith(prefix) and "@" not in k}
-
 
 def _numeric(f, x, eps=1e-6):
     """∂f/∂x by central differences, element by element (x is float64)."""
@@ -107,6 +103,16 @@ def _attention64(q, k, v):
     return _softmax64(s) @ v
 
 
+def _check_qkv_grads(grads, forward, q, k, v, dout, what, hint):
+    """dq, dk, dv of an attention backward against central differences of
+    sum(forward(q, k, v) · dout), each with respect to its own input."""
+    __tracebackhide__ = True
+    dq, dk, dv = grads
+    _check_grad(dq, _numeric(lambda a: (forward(a, k, v) * dout).sum(), q), what, "q", hint)
+    _check_grad(dk, _numeric(lambda a: (forward(q, a, v) * dout).sum(), k), what, "k", hint)
+    _check_grad(dv, _numeric(lambda a: (forward(q, k, a) * dout).sum(), v), what, "v", hint)
+
+
 def _set(model, name, value):
     """Set the parameter ``h.0.attn.c_attn.weight`` (…) of the model under test."""
     *path, attr = name.split(".")
@@ -126,14 +132,15 @@ def _model(state, shape=SHAPE, dropout=0.0, float64=False):
     return model
 
 
-def _seeds():
-    return st.integers(0, 2**32 - 1)
+def _random_seeds(max_examples, *more):
+    """``@settings(max_examples=…)`` and ``@given``: hypothesis draws each case's seed (the
+    test's first argument, shrunk and printed on a failure), then one value of each of ``more``."""
+    return lambda test: settings(max_examples=max_examples)(given(st.integers(0, 2**32 - 1), *more)(test))
 
 
 # --- each backward by central differences, on random shapes ----------------------------------
 
-@settings(max_examples=8)
-@given(_seeds())
+@_random_seeds(8)
 def test_linear_backward_gradient_check(seed):
     rng = np.random.default_rng(seed)
     lead = tuple(rng.integers(1, 4, rng.integers(1, 3)))
@@ -149,8 +156,7 @@ def test_linear_backward_gradient_check(seed):
     _check_grad(db, _numeric(lambda a: ((x @ w + a) * dout).sum(), b), what, "bias")
 
 
-@settings(max_examples=8)
-@given(_seeds())
+@_random_seeds(8)
 def test_layernorm_backward_gradient_check(seed):
     rng = np.random.default_rng(seed)
     lead = tuple(rng.integers(1, 4, rng.integers(1, 3)))
@@ -166,8 +172,7 @@ def test_layernorm_backward_gradient_check(seed):
     _check_grad(db, _numeric(lambda a: (_ln64(x, w, a, eps) * dout).sum(), b), what, "bias")
 
 
-@settings(max_examples=8)
-@given(_seeds())
+@_random_seeds(8)
 def test_gelu_backward_gradient_check(seed):
     rng = np.random.default_rng(seed)
     x = rng.uniform(1, 4, (3, int(rng.integers(2, 7)))) * rng.choice([-1, 1], 1)  # where tanh and erf forms differ
@@ -177,8 +182,7 @@ def test_gelu_backward_gradient_check(seed):
                 "differentiate GPT-2's tanh form, 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))), not the exact (erf) one")
 
 
-@settings(max_examples=8)
-@given(_seeds())
+@_random_seeds(8)
 def test_softmax_backward_gradient_check(seed):
     rng = np.random.default_rng(seed)
     x = rng.normal(0, 2, (int(rng.integers(1, 4)), int(rng.integers(2, 7))))
@@ -189,8 +193,7 @@ def test_softmax_backward_gradient_check(seed):
                 "elementwise")
 
 
-@settings(max_examples=8)
-@given(_seeds())
+@_random_seeds(8)
 def test_softmax_cross_entropy_gradient_check(seed):
     rng = np.random.default_rng(seed)
     lead = tuple(rng.integers(1, 4, rng.integers(1, 3)))
@@ -214,24 +217,19 @@ def test_softmax_cross_entropy_is_stable_and_float32():
     assert_float32(dlogits, "softmax_cross_entropy's dlogits")
 
 
-@settings(max_examples=6)
-@given(_seeds())
+@_random_seeds(6)
 def test_causal_attention_backward_gradient_check(seed):
     rng = np.random.default_rng(seed)
     B, H, T, d = (int(n) for n in (rng.integers(1, 3), rng.integers(1, 3), rng.integers(2, 6), rng.choice([1, 4, 9])))
     q, k, v = (rng.normal(0, 1.5, (B, H, T, d)) for _ in range(3))
     dout = rng.normal(0, 1, (B, H, T, d))
-    what = f"causal_attention_backward, q/k/v {q.shape} (d_head = {d})"
-    dq, dk, dv = S.causal_attention_backward(dout, q, k, v)
     hint = ("recompute the weights exactly as the forward did: scores q·kᵀ scaled by 1/√d_head, the causal mask, "
             "softmax; then back through weights @ v, the softmax and the scale")
-    _check_grad(dq, _numeric(lambda a: (_attention64(a, k, v) * dout).sum(), q), what, "q", hint)
-    _check_grad(dk, _numeric(lambda a: (_attention64(q, a, v) * dout).sum(), k), what, "k", hint)
-    _check_grad(dv, _numeric(lambda a: (_attention64(q, k, a) * dout).sum(), v), what, "v", hint)
+    _check_qkv_grads(S.causal_attention_backward(dout, q, k, v), _attention64, q, k, v, dout,
+                     f"causal_attention_backward, q/k/v {q.shape} (d_head = {d})", hint)
 
 
-@settings(max_examples=6)
-@given(_seeds())
+@_random_seeds(6)
 def test_attention_backward_with_dropout_gradient_check(seed):
     rng = np.random.default_rng(seed)
     q, k, v = (rng.normal(0, 1.5, (1, 2, 5, 4)) for _ in range(3))
@@ -244,15 +242,12 @@ def test_attention_backward_with_dropout_gradient_check(seed):
         s = np.where(np.tril(np.ones((T, T), bool)), q @ k.swapaxes(-1, -2) / 2.0, -np.inf)
         return np.where(keep, _softmax64(s) / (1 - p), 0.0) @ v
 
-    what = "causal_attention_backward with attention dropout (p = 0.3, the forward's keep mask given)"
-    dq, dk, dv = S.causal_attention_backward(dout, q, k, v, keep, p)
-    _check_grad(dq, _numeric(lambda a: (forward(a, k, v) * dout).sum(), q), what, "q", SAME_MASK)
-    _check_grad(dk, _numeric(lambda a: (forward(q, a, v) * dout).sum(), k), what, "k", SAME_MASK)
-    _check_grad(dv, _numeric(lambda a: (forward(q, k, a) * dout).sum(), v), what, "v", SAME_MASK)
+    _check_qkv_grads(S.causal_attention_backward(dout, q, k, v, keep, p), forward, q, k, v, dout,
+                     "causal_attention_backward with attention dropout (p = 0.3, the forward's keep mask given)",
+                     SAME_MASK)
 
 
-@settings(max_examples=8)
-@given(_seeds())
+@_random_seeds(8)
 def test_embedding_backward_gradient_check(seed):
     rng = np.random.default_rng(seed)
     V, D = int(rng.integers(2, 6)), int(rng.integers(1, 5))
@@ -266,8 +261,7 @@ def test_embedding_backward_gradient_check(seed):
                 "an assignment keeps only one")
 
 
-@settings(max_examples=8)
-@given(_seeds())
+@_random_seeds(8)
 def test_tied_head_backward_gradient_check(seed):
     rng = np.random.default_rng(seed)
     V, D = int(rng.integers(2, 7)), int(rng.integers(1, 5))
@@ -279,8 +273,7 @@ def test_tied_head_backward_gradient_check(seed):
     _check_grad(dw, _numeric(lambda a: ((x @ a.T) * dout).sum(), wte), what, "wte")
 
 
-@settings(max_examples=8)
-@given(_seeds(), st.sampled_from([0.1, 0.5, 0.8]))
+@_random_seeds(8, st.sampled_from([0.1, 0.5, 0.8]))
 def test_dropout_backward_uses_the_forwards_mask(seed, p):
     rng = np.random.default_rng(seed)
     x, dout = rng.normal(0, 1, (3, 7)), rng.normal(0, 1, (3, 7))
@@ -317,13 +310,13 @@ def test_pieces_match_torch_autograd():
 def test_model_gradients_match_huggingface():
     """Every parameter's gradient of HuggingFace's ``labels=`` loss, stored."""
     f = load_fixture(LAB, "model")
-    model = _model(_params(f))
+    model = _model(fixture_params(f))
     ids = f["ids"]
     with explains_errors("loss_and_grads on the fixtures' GPT-2", "check each layer's backward in the tests above"):
         loss, grads = S.loss_and_grads(model, ids[:, :-1], ids[:, 1:])
     assert_close(np.float64(loss), np.float64(f["loss"]), what="the loss vs HuggingFace's labels= loss", atol=1e-5,
                  diagnoses=stored_diagnoses(f, "loss"))
-    expected = _params(f, "grad.")
+    expected = fixture_params(f, "grad.")
     assert isinstance(grads, dict) and sorted(grads) == sorted(expected), (
         f"loss_and_grads must return a gradient for every parameter under model.state_dict()'s names; missing: "
         f"{sorted(set(expected) - set(grads))[:5]}, unexpected: {sorted(set(grads) - set(expected))[:5]}")
@@ -337,8 +330,8 @@ def test_model_gradients_match_huggingface():
 def test_adamw_matches_torch_over_many_steps():
     """torch.optim.AdamW, 40 steps, lr 0.05, betas (0.8, 0.95), eps 1e-3, weight decay 0.5."""
     f = load_fixture(LAB, "adamw")
-    params = _params(f)
-    grads = _params(f, "grads.")
+    params = fixture_params(f)
+    grads = fixture_params(f, "grads.")
     opt = S.AdamW({k: v.copy() for k, v in params.items()}, lr=float(f["lr"]), betas=tuple(float(b) for b in f["betas"]),
                   eps=float(f["eps"]), weight_decay=float(f["weight_decay"]))
     steps = len(next(iter(grads.values())))
@@ -379,7 +372,7 @@ def test_clip_grad_norm_matches_torch():
 
 def test_gpt_forward_equals_the_model():
     f = load_fixture(LAB, "model")
-    model = _model(_params(f))
+    model = _model(fixture_params(f))
     ids = f["ids"]
     logits, _ = S.gpt_forward(model, ids, rng=np.random.default_rng(0))  # eval mode: no dropout
     assert_close(logits, model(ids), what="gpt_forward's logits vs your lab-04 model(ids)", atol=1e-5,
@@ -464,7 +457,7 @@ def test_model_gradient_check_with_dropout():
 
 def test_gradients_are_float32_under_gpt2_names():
     f = load_fixture(LAB, "model")
-    model = _model(_params(f))
+    model = _model(fixture_params(f))
     loss, grads = S.loss_and_grads(model, f["ids"][:, :-1], f["ids"][:, 1:])
     state = model.state_dict()
     assert sorted(grads) == sorted(state), "the gradients' names must be model.state_dict()'s"
@@ -596,7 +589,7 @@ def test_write_safetensors_layout(tmp_path):
 
 def test_checkpoint_loads_with_lab05(tmp_path):
     f = load_fixture(LAB, "model")
-    model = _model(_params(f))
+    model = _model(fixture_params(f))
     S.save_checkpoint(tmp_path / "ckpt", model)
     config = W.read_config(tmp_path / "ckpt")
     assert config["vocab_size"] == SHAPE.vocab_size and config["num_layers"] == SHAPE.num_layers and \

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from gptkit.state import state_diff
-from gptkit.testing import (assert_close, assert_float32, explains_errors, lab, load_fixture, raises_clearly,
-                            stored_diagnoses)
+from gptkit.testing import (assert_close, assert_float32, checkpoint_on_disk, explains_errors, fixture_params, lab,
+                            load_fixture, raises_clearly, stored_diagnoses)
 
 L = lab("llama")
 LAB = "08_llama"
@@ -25,19 +25,6 @@ ROPE_HINT = ("HuggingFace pairs feature i with i + d/2 (rotate_half) and rotates
              "θ_i = base^(−2i/d), m the token's *position* (the positions argument)")
 TRANSPOSE_HINT = ("torch's nn.Linear stores its weight (out, in); Linear here is (in, out): transpose every "
                   "…_proj.weight and lm_head.weight when loading")
-
-
-def _checkpoint(tmp_path, case):
-    f = load_fixture(LAB, case)
-    folder = tmp_path / case
-    folder.mkdir()
-    (folder / "model.safetensors").write_bytes(f["model_safetensors"].tobytes())
-    (folder / "config.json").write_bytes(f["config_json"].tobytes())
-    return folder, f
-
-
-def _params(f):
-    return {k[len("param."):]: v for k, v in f.items() if k.startswith("param.")}
 
 
 def _set(layer, params, what):
@@ -56,7 +43,7 @@ def _gqa_model(rng_seed=0):
     f = load_fixture(LAB, "gqa_untied")
     config = json.loads(f["expected_config_json"].tobytes())
     model = L.LlamaModel(**config, rng=np.random.default_rng(rng_seed))
-    return _set(model, _params(f), "LlamaModel"), f
+    return _set(model, fixture_params(f), "LlamaModel"), f
 
 
 # --- rotary positions -------------------------------------------------------------------------
@@ -199,7 +186,7 @@ def test_silu():
 def test_swiglu_matches_huggingface():
     f = load_fixture(LAB, "swiglu")
     D, F = f["x"].shape[-1], f["param.gate_proj.weight"].shape[1]
-    mlp = _set(L.SwiGLU(D, F, rng=np.random.default_rng(0)), _params(f), "SwiGLU")
+    mlp = _set(L.SwiGLU(D, F, rng=np.random.default_rng(0)), fixture_params(f), "SwiGLU")
     assert_close(mlp(f["x"]), f["out"], what="SwiGLU (gate and up weights differ)",
                  diagnoses=stored_diagnoses(f, "out"), hint="down_proj(silu(gate_proj(x)) * up_proj(x)), no biases")
 
@@ -216,7 +203,7 @@ def test_repeat_kv_groups_the_heads():
 
 def test_attention_at_positions_with_gaps():
     f = load_fixture(LAB, "gqa")
-    attn = _set(L.LlamaAttention(32, 4, 2, 10000.0, rng=np.random.default_rng(0)), _params(f), "LlamaAttention")
+    attn = _set(L.LlamaAttention(32, 4, 2, 10000.0, rng=np.random.default_rng(0)), fixture_params(f), "LlamaAttention")
     out = attn(f["x"], f["positions"])
     assert_float32(out, "LlamaAttention")
     assert_close(out, f["attention"], what=f"LlamaAttention (4 query heads, 2 kv heads) at positions "
@@ -237,7 +224,7 @@ def test_attention_is_causal():
 
 @pytest.mark.parametrize("case", CHECKPOINTS)
 def test_read_config(tmp_path, case):
-    folder, f = _checkpoint(tmp_path, case)
+    folder, f = checkpoint_on_disk(tmp_path, LAB, case)
     expected = json.loads(f["expected_config_json"].tobytes())
     got = L.read_config(folder)
     source = {"rms_norm_eps": "rms_norm_eps", "rope_theta": "rope_theta (rope_parameters.rope_theta)",
@@ -286,7 +273,7 @@ def test_model_name():
 
 @pytest.mark.parametrize("case", CHECKPOINTS)
 def test_load_llama_matches_huggingface_logits(tmp_path, case):
-    folder, f = _checkpoint(tmp_path, case)
+    folder, f = checkpoint_on_disk(tmp_path, LAB, case)
     with explains_errors(f"load_llama on a checkpoint saved by transformers ({ABOUT[case]})", TRANSPOSE_HINT):
         model = L.load_llama(folder)
     logits = model(f["ids"])
@@ -313,7 +300,7 @@ def test_positions_shifted_together_change_nothing():
 
 @pytest.mark.parametrize("case", CHECKPOINTS)
 def test_cached_logits_equal_the_full_forward(tmp_path, case):
-    folder, f = _checkpoint(tmp_path, case)
+    folder, f = checkpoint_on_disk(tmp_path, LAB, case)
     with explains_errors(f"load_llama ({ABOUT[case]})", TRANSPOSE_HINT):
         model = L.load_llama(folder)
     cache = L.LlamaCache(model, 2)
@@ -343,7 +330,7 @@ def test_cache_stores_rotated_keys():
 
 @pytest.mark.parametrize("case", CHECKPOINTS)
 def test_greedy_generate_matches_huggingface(tmp_path, case):
-    folder, f = _checkpoint(tmp_path, case)
+    folder, f = checkpoint_on_disk(tmp_path, LAB, case)
     with explains_errors(f"load_llama ({ABOUT[case]})", TRANSPOSE_HINT):
         model = L.load_llama(folder)
     n = f["greedy"].shape[1] - f["prompt"].shape[1]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gptkit.llama_checkpoints import HOW_TO_GET_LLAMA, find_real_llama
-from gptkit.testing import assert_close, lab
+from gptkit.testing import assert_close, lab, real_checkpoint
 
 L = lab("llama")
 IDS = np.array([[1, 415, 5565, 302, 4843, 349, 5465, 28723, 415]])  # any ids below 32000 do
@@ -14,9 +14,7 @@ IDS = np.array([[1, 415, 5565, 302, 4843, 349, 5465, 28723, 415]])  # any ids be
 
 @pytest.fixture(scope="module")
 def real():
-    folder = find_real_llama()
-    if folder is None:
-        pytest.skip(HOW_TO_GET_LLAMA)
+    folder = real_checkpoint(find_real_llama, HOW_TO_GET_LLAMA)
     return folder, L.load_llama(folder)
 
 

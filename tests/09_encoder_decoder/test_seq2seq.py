@@ -5,7 +5,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gptkit.testing import assert_close, assert_float32, explains_errors, lab, load_fixture, raises_clearly, stored_diagnoses
+from gptkit.testing import (assert_close, assert_float32, explains_errors, fixture_params, lab, load_fixture,
+                            raises_clearly, stored_diagnoses)
 from gptkit.testing.parameters import set_parameters
 
 M = lab("seq2seq")
@@ -17,12 +18,8 @@ SHAPE_HINT = ("a mask is (B, 1, T, S): T queries (target positions) by S keys (s
               "from the decoder stream instead of the encoder's output (memory)")
 
 
-def _params(f, prefix="param."):
-    return {k[len(prefix):]: v for k, v in f.items() if k.startswith(prefix)}
-
-
 def _model_kwargs(f):
-    p = _params(f)
+    p = fixture_params(f)
     V, Dm = p["shared.weight"].shape
     enc = len({k.split(".")[2] for k in p if k.startswith("encoder.layers.")})
     dec = len({k.split(".")[2] for k in p if k.startswith("decoder.layers.")})
@@ -33,13 +30,13 @@ def _model_kwargs(f):
 def _model(case="model", **kw):
     f = load_fixture(LAB, case)
     model = M.EncoderDecoderModel(**_model_kwargs(f), rng=np.random.default_rng(1), **kw)
-    return set_parameters(model, _params(f), "EncoderDecoderModel"), f
+    return set_parameters(model, fixture_params(f), "EncoderDecoderModel"), f
 
 
 def _decoder_layer(case="decoder_layer", activation="gelu", norm_first=False, dropout=0.0):
     f = load_fixture(LAB, case)
     layer = M.DecoderLayer(D, H, F, dropout, activation=activation, norm_first=norm_first, rng=np.random.default_rng(1))
-    return set_parameters(layer, _params(f), f"DecoderLayer({D}, {H}, {F})"), f
+    return set_parameters(layer, fixture_params(f), f"DecoderLayer({D}, {H}, {F})"), f
 
 
 # --- masks ----------------------------------------------------------------------------------------
@@ -93,7 +90,7 @@ def test_masks_reject_non_bool_keep():
 def _attention():
     f = load_fixture(LAB, "attention")
     layer = M.Attention(D, H, rng=np.random.default_rng(1))
-    return set_parameters(layer, _params(f), f"Attention({D}, {H})"), f
+    return set_parameters(layer, fixture_params(f), f"Attention({D}, {H})"), f
 
 
 def test_cross_attention_matches_reference():
@@ -140,7 +137,7 @@ def test_cross_attention_ignores_padded_memory(row, seed):
 
 def test_encoder_layer_matches_reference():
     f = load_fixture(LAB, "encoder_layer")
-    layer = set_parameters(M.EncoderLayer(D, H, F, rng=np.random.default_rng(1)), _params(f), "EncoderLayer")
+    layer = set_parameters(M.EncoderLayer(D, H, F, rng=np.random.default_rng(1)), fixture_params(f), "EncoderLayer")
     out = layer(f["x"], M.encoder_mask(f["src_keep"]))
     assert_close(out, f["out"], what="EncoderLayer (post-norm, ReLU) on x (3, 6, 16)",
                  diagnoses=stored_diagnoses(f, "out"),
@@ -242,7 +239,7 @@ def test_model_variants_match_reference():
     kw = _model_kwargs({"param.shared.weight": f["param.src_embed.weight"],
                         **{k: v for k, v in f.items() if k.startswith("param.") and "shared" not in k}})
     kw.update(share_embeddings=False, positions="learned", norm_first=True, activation="gelu")
-    model = set_parameters(M.EncoderDecoderModel(**kw, rng=np.random.default_rng(1)), _params(f),
+    model = set_parameters(M.EncoderDecoderModel(**kw, rng=np.random.default_rng(1)), fixture_params(f),
                            "EncoderDecoderModel(share_embeddings=False, positions='learned', norm_first=True)")
     assert_close(model(f["src"], f["tgt"]), f["logits"], what="separate embeddings, learned positions, pre-norm",
                  atol=1e-4, rtol=1e-4, hint="the head is tied to tgt_embed; pre-norm stacks end with their layer_norm")

@@ -27,16 +27,24 @@ def _inputs(rng):
     return x, memory, src_keep, tgt_keep
 
 
+def _layers(cross, norm_first, activation, seed):
+    """torch's layer and ours (``DecoderLayer`` with ``cross``, else ``EncoderLayer``) holding the
+    same random parameters, and the generator that drew them (it goes on to draw the inputs)."""
+    rng = np.random.default_rng(seed + 2 * norm_first + (activation == "gelu"))
+    state = random_layer_state(D, F, rng, cross=cross)
+    ref = torch_layer(state, d_model=D, num_heads=H, d_ff=F, cross=cross, norm_first=norm_first,
+                      activation=activation, device=device())
+    name = "DecoderLayer" if cross else "EncoderLayer"
+    ours = set_parameters(getattr(M, name)(D, H, F, activation=activation, norm_first=norm_first, rng=rng),
+                          state, name)
+    return ref, ours, rng
+
+
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 def test_decoder_layer_matches_torch(norm_first, activation):
     torch = torch_or_skip()
-    rng = np.random.default_rng(90 + 2 * norm_first + (activation == "gelu"))
-    state = random_layer_state(D, F, rng, cross=True)
-    ref = torch_layer(state, d_model=D, num_heads=H, d_ff=F, cross=True, norm_first=norm_first,
-                      activation=activation, device=device())
-    ours = set_parameters(M.DecoderLayer(D, H, F, activation=activation, norm_first=norm_first, rng=rng),
-                          state, "DecoderLayer")
+    ref, ours, rng = _layers(True, norm_first, activation, seed=90)
     x, memory, src_keep, tgt_keep = _inputs(rng)
     causal = torch.triu(torch.ones(5, 5, dtype=torch.bool, device=device()), 1)  # True = may not attend
     expected = ref(to_torch(x), to_torch(memory), tgt_mask=causal, tgt_key_padding_mask=to_torch(~tgt_keep),
@@ -51,12 +59,7 @@ def test_decoder_layer_matches_torch(norm_first, activation):
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 def test_encoder_layer_matches_torch(norm_first, activation):
     torch_or_skip()
-    rng = np.random.default_rng(80 + 2 * norm_first + (activation == "gelu"))
-    state = random_layer_state(D, F, rng, cross=False)
-    ref = torch_layer(state, d_model=D, num_heads=H, d_ff=F, cross=False, norm_first=norm_first,
-                      activation=activation, device=device())
-    ours = set_parameters(M.EncoderLayer(D, H, F, activation=activation, norm_first=norm_first, rng=rng),
-                          state, "EncoderLayer")
+    ref, ours, rng = _layers(False, norm_first, activation, seed=80)
     _, memory, src_keep, _ = _inputs(rng)
     expected = ref(to_torch(memory), src_key_padding_mask=to_torch(~src_keep))
     got = ours(memory, M.encoder_mask(src_keep))
