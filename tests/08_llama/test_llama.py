@@ -17,10 +17,10 @@ from gptkit.testing import (assert_close, assert_float32, checkpoint_on_disk, ex
 
 L = lab("llama")
 LAB = "08_llama"
-CHECKPOINTS = ["gqa_untied", "mha_tied", "mqa_theta"]
 ABOUT = {"gqa_untied": "4 query heads over 2 key/value heads, untied head",
          "mha_tied": "3 heads, 3 key/value heads, tied head, rms_norm_eps 1e-5",
          "mqa_theta": "4 query heads over 1 key/value head, rope_theta 500000"}
+CHECKPOINTS = list(ABOUT)  # the stored checkpoints, each with what it exercises
 ROPE_HINT = ("HuggingFace pairs feature i with i + d/2 (rotate_half) and rotates the pair by m·θ_i, "
              "θ_i = base^(−2i/d), m the token's *position* (the positions argument)")
 TRANSPOSE_HINT = ("torch's nn.Linear stores its weight (out, in); Linear here is (in, out): transpose every "
