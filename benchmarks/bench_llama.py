@@ -58,7 +58,8 @@ def main() -> None:
     prompt = np.random.default_rng(7).integers(0, shape.vocab_size, (1, T))
     times, outputs = common.time_runs({
         "NumPy Llama + cache": (lambda: llama.generate(model, prompt, n), args.repeats),
-        "HuggingFace generate()": (common.hf_greedy(hf, prompt, n), args.repeats)})
+        "HuggingFace generate()": (common.hf_greedy(hf, prompt, n), args.repeats),
+        **common.bandwidth_runs(args.repeats)})
     speed, bound, bound_left = common.print_speeds_and_bound(times, n, read_per_token, "every parameter")
     ours = speed["NumPy Llama + cache"]
     common.print_target("NumPy ÷ HuggingFace", ours / speed["HuggingFace generate()"], 1.0, 30)

@@ -125,12 +125,22 @@ def hf_greedy(hf, prompt, n: int):
 
 
 def time_runs(runs: dict) -> tuple[dict, dict]:
-    """``{name: (fn, repeats)}`` → (``{name: best_of(fn, repeats)}``, ``{name: what fn returned}``)."""
+    """``{name: (fn, repeats)}`` → (``{name: fastest time}``, ``{name: what fn returned}``).
+
+    Each fn runs once untimed, then the runs take turns (one call each per round, for as
+    many rounds as its repeats), so that a change in the machine's load falls on all of
+    them alike rather than on whichever ran at that moment."""
     times, outputs = {}, {}
-    for name, (fn, repeats) in runs.items():
-        def run(name=name, fn=fn):
-            outputs[name] = fn()
-        times[name] = best_of(run, repeats)
+    for name, (fn, _) in runs.items():
+        fn()
+    for round_ in range(max(repeats for _, repeats in runs.values())):
+        for name, (fn, repeats) in runs.items():
+            if round_ < repeats:
+                start = time.perf_counter()
+                out = fn()
+                times[name] = min(times.get(name, float("inf")), time.perf_counter() - start)
+                if not name.startswith(PROBE):
+                    outputs[name] = out
     return times, outputs
 
 
@@ -145,28 +155,35 @@ def print_speeds(times: dict, n: int, width: int = 26, digits: int = 2) -> dict:
     return speed
 
 
-def matvec_bandwidth(repeats: int = 7) -> tuple[float, float]:
-    """GB/s of W @ x and of x @ W for a 512 MB float32 W (16384 × 8192), read once per product."""
+PROBE = "mat-vec "  # the names of the bandwidth runs in time_runs' results
+
+
+def bandwidth_runs(repeats: int) -> dict:
+    """Runs for ``time_runs`` that measure the memory bandwidth beside the decoders: W @ x
+    and x @ W for a 512 MB float32 W (16384 × 8192), read once per product."""
     import numpy as np
 
     rng = np.random.default_rng(0)
     W = rng.standard_normal((16384, 8192), dtype=np.float32)
     x_right = rng.standard_normal(8192, dtype=np.float32)
     x_left = rng.standard_normal(16384, dtype=np.float32)
-    return (W.nbytes / best_of(lambda: W @ x_right, repeats) / 1e9,
-            W.nbytes / best_of(lambda: x_left @ W, repeats) / 1e9)
+    return {PROBE + "W @ x": (lambda: (W @ x_right, None)[1], max(3, repeats)),
+            PROBE + "x @ W": (lambda: (x_left @ W, None)[1], max(3, repeats))}
 
 
 def print_speeds_and_bound(times: dict, n: int, read_per_token: int, what: str) -> tuple[dict, float, float]:
     """The table of speeds (``print_speeds``), then the bound on tokens/s when a token reads
     ``read_per_token`` bytes (``what`` they are), from the mat-vec bandwidth in both
-    orientations; returns (tokens/s, bound from W @ x, bound from x @ W)."""
+    orientations (the ``bandwidth_runs`` timed among ``times``); returns (tokens/s, bound
+    from W @ x, bound from x @ W)."""
+    probe_bytes = 16384 * 8192 * 4
+    gb_s, gb_s_left = (probe_bytes / times.pop(PROBE + k) / 1e9 for k in ("W @ x", "x @ W"))
     speed = print_speeds(times, n)
-    gb_s, gb_s_left = matvec_bandwidth()
     bound, bound_left = gb_s * 1e9 / read_per_token, gb_s_left * 1e9 / read_per_token
     print()
     print(f"weights read per token: {read_per_token / 1e6:.0f} MB ({what}, float32)")
-    print(f"mat-vec bandwidth, 512 MB float32: W @ x {gb_s:.1f} GB/s (x @ W: {gb_s_left:.1f} GB/s)")
+    print(f"mat-vec bandwidth, 512 MB float32, timed in turn with the runs above: W @ x {gb_s:.1f} GB/s "
+          f"(x @ W: {gb_s_left:.1f} GB/s)")
     print(f"bound: {gb_s:.1f} GB/s ÷ {read_per_token / 1e6:.0f} MB = {bound:.1f} tokens/s "
           f"(from x @ W: {bound_left:.1f})")
     print()
