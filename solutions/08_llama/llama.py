@@ -23,10 +23,11 @@ projection (and an untied ``lm_head``).
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 
-from causal_mask import causal_mask, scaled_dot_product_attention
+from causal_mask import causal_mask, softmax
 from embeddings import TokenEmbedding
 from generation import sample_next
 from gpt2_weights import checkpoint_file, config_file, decode_tensor, parse_header
@@ -306,11 +307,18 @@ class LlamaAttention(Layer):
             (B, T, D): ``o_proj`` of the merged heads.
         """
         B, H, T, d = q.shape
-        S = k.shape[2]
-        ### BEGIN SOLUTION repeat the kv heads for their groups, causal attention over S keys, merge heads, o_proj
-        n_rep = self.num_heads // self.num_kv_heads
-        out, _ = scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), causal_mask(T, S))
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, T, H * d))
+        H_kv, S = k.shape[1], k.shape[2]
+        ### BEGIN SOLUTION query heads grouped by their kv head (a reshape, or repeat_kv), causal attention over S keys, merge heads, o_proj
+        # repeat_kv(k, H // H_kv) would copy the whole cache, in every block at every step.
+        # A reshape groups the query heads the same way for free (heads j·n_rep … (j+1)·n_rep − 1
+        # become group j), and k and v broadcast over each group along a size-1 axis.
+        q = q.reshape(B, H_kv, H // H_kv, T, d)  # (B, H_kv, n_rep, T, d)
+        k, v = k[:, :, None], v[:, :, None]  # (B, H_kv, 1, S, d)
+        scores = q @ k.swapaxes(-1, -2) / math.sqrt(d)  # (B, H_kv, n_rep, T, S); a Python float keeps float32
+        if T > 1:  # a lone query (one decoding step) is the last position: it may see every key
+            scores = np.where(causal_mask(T, S), scores, -np.inf)
+        out = softmax(scores, axis=-1) @ v  # (B, H_kv, n_rep, T, d)
+        return self.o_proj(out.reshape(B, H, T, d).transpose(0, 2, 1, 3).reshape(B, T, H * d))
         ### END SOLUTION
 
     def forward(self, x: np.ndarray, positions: np.ndarray | None = None) -> np.ndarray:

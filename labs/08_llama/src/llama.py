@@ -24,10 +24,11 @@ projection (and an untied ``lm_head``).
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 
-from causal_mask import causal_mask, scaled_dot_product_attention
+from causal_mask import causal_mask, softmax
 from embeddings import TokenEmbedding
 from generation import sample_next
 from gpt2_weights import checkpoint_file, config_file, decode_tensor, parse_header
@@ -277,9 +278,9 @@ class LlamaAttention(Layer):
             (B, T, D): ``o_proj`` of the merged heads.
         """
         B, H, T, d = q.shape
-        S = k.shape[2]
+        H_kv, S = k.shape[1], k.shape[2]
         # YOUR CODE HERE
-        raise NotImplementedError('Lab 08 · LlamaAttention.attend: repeat the kv heads for their groups, causal attention over S keys, merge heads, o_proj')
+        raise NotImplementedError('Lab 08 · LlamaAttention.attend: query heads grouped by their kv head (a reshape, or repeat_kv), causal attention over S keys, merge heads, o_proj')
 
     def forward(self, x: np.ndarray, positions: np.ndarray | None = None) -> np.ndarray:
         """x (B, T, D) → (B, T, D); positions int (T,), default 0 … T−1."""
