@@ -157,7 +157,8 @@ def rotate_half(x: np.ndarray) -> np.ndarray:
     ### END SOLUTION
 
 
-def apply_rope(x: np.ndarray, positions: np.ndarray, base: float = 10000.0) -> np.ndarray:
+def apply_rope(x: np.ndarray, positions: np.ndarray, base: float = 10000.0,
+               angles: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """Rotary positions as HuggingFace's Llama applies them (rotate-half pairing).
 
     Feature i is paired with feature i + d/2 and the pair (x_i, x_{i+d/2}) is rotated by
@@ -167,14 +168,17 @@ def apply_rope(x: np.ndarray, positions: np.ndarray, base: float = 10000.0) -> n
         x: (..., T, d) float, queries or keys (heads in the leading axes).
         positions: int (T,), token t's position (any values: an offset, gaps, …).
         base: ``rope_theta``.
+        angles: ``rope_angles(positions, d, base)`` when the caller has it already (a
+            model computes it once per pass and hands it to every block, as
+            HuggingFace's Llama does); None: computed here.
 
     Returns:
         (..., T, d), same dtype as ``x``. Position 0 leaves x unchanged; every pair keeps
         its length.
     """
     x, positions = _check_rope_input(x, positions)
-    ### BEGIN SOLUTION cos and sin of m·θ for these positions; x·cos + rotate_half(x)·sin
-    cos, sin = rope_angles(positions, x.shape[-1], base)  # (T, d)
+    ### BEGIN SOLUTION cos and sin of m·θ for these positions (unless given as angles); x·cos + rotate_half(x)·sin
+    cos, sin = rope_angles(positions, x.shape[-1], base) if angles is None else angles  # (T, d)
     return (x * cos + rotate_half(x) * sin).astype(x.dtype, copy=False)
     ### END SOLUTION
 
@@ -275,12 +279,14 @@ class LlamaAttention(Layer):
         B, T, width = x.shape
         return x.reshape(B, T, width // self.d_head, self.d_head).transpose(0, 2, 1, 3)
 
-    def project(self, x: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def project(self, x: np.ndarray, positions: np.ndarray, angles: tuple[np.ndarray, np.ndarray] | None = None
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Queries, keys and values of T tokens, with q and k rotated to their positions.
 
         Args:
             x: (B, T, D), already normalised.
             positions: int (T,).
+            angles: ``rope_angles(positions, d, rope_theta)`` if the caller has it, else None.
 
         Returns:
             q (B, H, T, d), k (B, H_kv, T, d), v (B, H_kv, T, d). Values are not rotated.
@@ -288,9 +294,9 @@ class LlamaAttention(Layer):
         x = as_float_array(x, "x")
         check_ndim(x, "x", ndim=3, shape_hint="(B, T, D)")
         positions = _check_positions(positions, x.shape[1])
-        ### BEGIN SOLUTION project, split into heads, rotate q and k (not v) by their positions with rope_theta
-        q = apply_rope(self.split_heads(self.q_proj(x)), positions, self.rope_theta)
-        k = apply_rope(self.split_heads(self.k_proj(x)), positions, self.rope_theta)
+        ### BEGIN SOLUTION project, split into heads, rotate q and k (not v) by their positions with rope_theta (and angles)
+        q = apply_rope(self.split_heads(self.q_proj(x)), positions, self.rope_theta, angles)
+        k = apply_rope(self.split_heads(self.k_proj(x)), positions, self.rope_theta, angles)
         v = self.split_heads(self.v_proj(x))
         return q, k, v
         ### END SOLUTION
@@ -623,12 +629,14 @@ def forward_with_cache(model: LlamaModel, token_ids: np.ndarray, cache: LlamaCac
     if cache.length + T > cache.max_seq_len:
         raise ValueError(f"the cache holds {cache.length} tokens; {T} more would go past max_seq_len="
                          f"{cache.max_seq_len}")
-    ### BEGIN SOLUTION positions length…length+T−1; per block: norm, project (rotating k), cache.update, attend, residuals, mlp; norm, head; advance length
+    ### BEGIN SOLUTION positions length…length+T−1 and their rope_angles; per block: norm, project (rotating k), cache.update, attend, residuals, mlp; norm, head; advance length
     start = cache.length
     positions = np.arange(start, start + T)
+    attn = model.layers[0].self_attn
+    angles = rope_angles(positions, attn.d_head, attn.rope_theta)  # once for every block, not twice per block
     x = model.embed_tokens(token_ids)
     for i, block in enumerate(model.layers):
-        q, k, v = block.self_attn.project(block.input_layernorm(x), positions)
+        q, k, v = block.self_attn.project(block.input_layernorm(x), positions, angles)
         keys, values = cache.update(i, k, v)  # (B, H_kv, start+T, d), keys already rotated
         x = x + block.self_attn.attend(q, keys, values)
         x = x + block.mlp(block.post_attention_layernorm(x))
