@@ -27,7 +27,7 @@ import math
 
 import numpy as np
 
-from causal_mask import causal_mask, softmax
+from causal_mask import causal_mask
 from embeddings import TokenEmbedding
 from generation import sample_next
 from gpt2_weights import checkpoint_file, config_file, decode_tensor, parse_header
@@ -56,7 +56,7 @@ class RMSNorm(Layer):
         check_last_dim(x, "x", self.d_model)
         ### BEGIN SOLUTION mean of squares over the last axis, + eps inside the root, divide, times the gain
         xf = x.astype(np.promote_types(x.dtype, np.float32), copy=False)
-        mean_square = np.mean(xf * xf, axis=-1, keepdims=True)  # (..., 1)
+        mean_square = (xf * xf).sum(axis=-1, keepdims=True) / self.d_model  # (..., 1); np.mean's wrapper costs more
         normed = xf / np.sqrt(mean_square + xf.dtype.type(self.eps))
         return (normed * self.weight).astype(np.promote_types(x.dtype, self.weight.dtype), copy=False)
         ### END SOLUTION
@@ -70,7 +70,7 @@ def silu(x: np.ndarray) -> np.ndarray:
     x = as_float_array(x, "x")
     ### BEGIN SOLUTION x times the logistic sigmoid of x, stable for both signs
     z = np.exp(-np.abs(x))  # in (0, 1]: never overflows
-    sigmoid = np.where(x >= 0, 1 / (1 + z), z / (1 + z))
+    sigmoid = np.where(x >= 0, 1, z) / (1 + z)  # 1 / (1 + e^−x) for x ≥ 0, e^x / (1 + e^x) below
     return (x * sigmoid).astype(x.dtype, copy=False)
     ### END SOLUTION
 
@@ -323,7 +323,12 @@ class LlamaAttention(Layer):
         scores = q @ k.swapaxes(-1, -2) / math.sqrt(d)  # (B, H_kv, n_rep, T, S); a Python float keeps float32
         if T > 1:  # a lone query (one decoding step) is the last position: it may see every key
             scores = np.where(causal_mask(T, S), scores, -np.inf)
-        out = softmax(scores, axis=-1) @ v  # (B, H_kv, n_rep, T, d)
+        # softmax over the keys, written out: every row sees at least its own key, so its max
+        # is finite, and lab 01's guard for rows of -inf only is not needed (it costs more
+        # than the exponentials of one decoding step).
+        weights = np.exp(scores - scores.max(axis=-1, keepdims=True))  # (B, H_kv, n_rep, T, S)
+        weights /= weights.sum(axis=-1, keepdims=True)
+        out = weights @ v  # (B, H_kv, n_rep, T, d)
         return self.o_proj(out.reshape(B, H, T, d).transpose(0, 2, 1, 3).reshape(B, T, H * d))
         ### END SOLUTION
 

@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 
-from causal_mask import causal_mask, softmax
+from causal_mask import causal_mask
 from embeddings import TokenEmbedding
 from generation import sample_next
 from gpt2_weights import checkpoint_file, config_file, decode_tensor, parse_header
