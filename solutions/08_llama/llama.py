@@ -22,9 +22,11 @@ projection (and an untied ``lm_head``).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from causal_mask import causal_mask, scaled_dot_product_attention
+from causal_mask import causal_mask
 from embeddings import TokenEmbedding
 from generation import sample_next
 from gpt2_weights import checkpoint_file, decode_tensor, parse_header, read_config_json
@@ -53,7 +55,7 @@ class RMSNorm(Layer):
         check_last_dim(x, "x", self.d_model)
         ### BEGIN SOLUTION mean of squares over the last axis, + eps inside the root, divide, times the gain
         xf = x.astype(np.promote_types(x.dtype, np.float32), copy=False)
-        mean_square = np.mean(xf * xf, axis=-1, keepdims=True)  # (..., 1)
+        mean_square = (xf * xf).sum(axis=-1, keepdims=True) / self.d_model  # (..., 1); np.mean's wrapper costs more
         normed = xf / np.sqrt(mean_square + xf.dtype.type(self.eps))
         return (normed * self.weight).astype(np.promote_types(x.dtype, self.weight.dtype), copy=False)
         ### END SOLUTION
@@ -67,7 +69,7 @@ def silu(x: np.ndarray) -> np.ndarray:
     x = as_float_array(x, "x")
     ### BEGIN SOLUTION x times the logistic sigmoid of x, stable for both signs
     z = np.exp(-np.abs(x))  # in (0, 1]: never overflows
-    sigmoid = np.where(x >= 0, 1 / (1 + z), z / (1 + z))
+    sigmoid = np.where(x >= 0, 1, z) / (1 + z)  # 1 / (1 + e^−x) for x ≥ 0, e^x / (1 + e^x) below
     return (x * sigmoid).astype(x.dtype, copy=False)
     ### END SOLUTION
 
@@ -154,7 +156,8 @@ def rotate_half(x: np.ndarray) -> np.ndarray:
     ### END SOLUTION
 
 
-def apply_rope(x: np.ndarray, positions: np.ndarray, base: float = 10000.0) -> np.ndarray:
+def apply_rope(x: np.ndarray, positions: np.ndarray, base: float = 10000.0,
+               angles: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """Rotary positions as HuggingFace's Llama applies them (rotate-half pairing).
 
     Feature i is paired with feature i + d/2 and the pair (x_i, x_{i+d/2}) is rotated by
@@ -164,14 +167,17 @@ def apply_rope(x: np.ndarray, positions: np.ndarray, base: float = 10000.0) -> n
         x: (..., T, d) float, queries or keys (heads in the leading axes).
         positions: int (T,), token t's position (any values: an offset, gaps, …).
         base: ``rope_theta``.
+        angles: ``rope_angles(positions, d, base)`` when the caller has it already (a
+            model computes it once per pass and hands it to every block, as
+            HuggingFace's Llama does); None: computed here.
 
     Returns:
         (..., T, d), same dtype as ``x``. Position 0 leaves x unchanged; every pair keeps
         its length.
     """
     x, positions = _check_rope_input(x, positions)
-    ### BEGIN SOLUTION cos and sin of m·θ for these positions; x·cos + rotate_half(x)·sin
-    cos, sin = rope_angles(positions, x.shape[-1], base)  # (T, d)
+    ### BEGIN SOLUTION cos and sin of m·θ for these positions (unless given as angles); x·cos + rotate_half(x)·sin
+    cos, sin = rope_angles(positions, x.shape[-1], base) if angles is None else angles  # (T, d)
     return (x * cos + rotate_half(x) * sin).astype(x.dtype, copy=False)
     ### END SOLUTION
 
@@ -272,12 +278,14 @@ class LlamaAttention(Layer):
         B, T, width = x.shape
         return x.reshape(B, T, width // self.d_head, self.d_head).transpose(0, 2, 1, 3)
 
-    def project(self, x: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def project(self, x: np.ndarray, positions: np.ndarray, angles: tuple[np.ndarray, np.ndarray] | None = None
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Queries, keys and values of T tokens, with q and k rotated to their positions.
 
         Args:
             x: (B, T, D), already normalised.
             positions: int (T,).
+            angles: ``rope_angles(positions, d, rope_theta)`` if the caller has it, else None.
 
         Returns:
             q (B, H, T, d), k (B, H_kv, T, d), v (B, H_kv, T, d). Values are not rotated.
@@ -285,9 +293,9 @@ class LlamaAttention(Layer):
         x = as_float_array(x, "x")
         check_ndim(x, "x", ndim=3, shape_hint="(B, T, D)")
         positions = _check_positions(positions, x.shape[1])
-        ### BEGIN SOLUTION project, split into heads, rotate q and k (not v) by their positions with rope_theta
-        q = apply_rope(self.split_heads(self.q_proj(x)), positions, self.rope_theta)
-        k = apply_rope(self.split_heads(self.k_proj(x)), positions, self.rope_theta)
+        ### BEGIN SOLUTION project, split into heads, rotate q and k (not v) by their positions with rope_theta (and angles)
+        q = apply_rope(self.split_heads(self.q_proj(x)), positions, self.rope_theta, angles)
+        k = apply_rope(self.split_heads(self.k_proj(x)), positions, self.rope_theta, angles)
         v = self.split_heads(self.v_proj(x))
         return q, k, v
         ### END SOLUTION
@@ -304,11 +312,23 @@ class LlamaAttention(Layer):
             (B, T, D): ``o_proj`` of the merged heads.
         """
         B, H, T, d = q.shape
-        S = k.shape[2]
-        ### BEGIN SOLUTION repeat the kv heads for their groups, causal attention over S keys, merge heads, o_proj
-        n_rep = self.num_heads // self.num_kv_heads
-        out, _ = scaled_dot_product_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), causal_mask(T, S))
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, T, H * d))
+        H_kv, S = k.shape[1], k.shape[2]
+        ### BEGIN SOLUTION query heads grouped by their kv head (a reshape, or repeat_kv), causal attention over S keys, merge heads, o_proj
+        # repeat_kv(k, H // H_kv) would copy the whole cache, in every block at every step.
+        # A reshape groups the query heads the same way for free (heads j·n_rep … (j+1)·n_rep − 1
+        # become group j), and k and v broadcast over each group along a size-1 axis.
+        q = q.reshape(B, H_kv, H // H_kv, T, d)  # (B, H_kv, n_rep, T, d)
+        k, v = k[:, :, None], v[:, :, None]  # (B, H_kv, 1, S, d)
+        scores = q @ k.swapaxes(-1, -2) / math.sqrt(d)  # (B, H_kv, n_rep, T, S); a Python float keeps float32
+        if T > 1:  # a lone query (one decoding step) is the last position: it may see every key
+            scores = np.where(causal_mask(T, S), scores, -np.inf)
+        # softmax over the keys, written out: every row sees at least its own key, so its max
+        # is finite, and lab 01's guard for rows of -inf only is not needed (it costs more
+        # than the exponentials of one decoding step).
+        weights = np.exp(scores - scores.max(axis=-1, keepdims=True))  # (B, H_kv, n_rep, T, S)
+        weights /= weights.sum(axis=-1, keepdims=True)
+        out = weights @ v  # (B, H_kv, n_rep, T, d)
+        return self.o_proj(out.reshape(B, H, T, d).transpose(0, 2, 1, 3).reshape(B, T, H * d))
         ### END SOLUTION
 
     def forward(self, x: np.ndarray, positions: np.ndarray | None = None) -> np.ndarray:
@@ -609,12 +629,14 @@ def forward_with_cache(model: LlamaModel, token_ids: np.ndarray, cache: LlamaCac
     if cache.length + T > cache.max_seq_len:
         raise ValueError(f"the cache holds {cache.length} tokens; {T} more would go past max_seq_len="
                          f"{cache.max_seq_len}")
-    ### BEGIN SOLUTION positions length…length+T−1; per block: norm, project (rotating k), cache.update, attend, residuals, mlp; norm, head; advance length
+    ### BEGIN SOLUTION positions length…length+T−1 and their rope_angles; per block: norm, project (rotating k), cache.update, attend, residuals, mlp; norm, head; advance length
     start = cache.length
     positions = np.arange(start, start + T)
+    attn = model.layers[0].self_attn
+    angles = rope_angles(positions, attn.d_head, attn.rope_theta)  # once for every block, not twice per block
     x = model.embed_tokens(token_ids)
     for i, block in enumerate(model.layers):
-        q, k, v = block.self_attn.project(block.input_layernorm(x), positions)
+        q, k, v = block.self_attn.project(block.input_layernorm(x), positions, angles)
         keys, values = cache.update(i, k, v)  # (B, H_kv, start+T, d), keys already rotated
         x = x + block.self_attn.attend(q, keys, values)
         x = x + block.mlp(block.post_attention_layernorm(x))

@@ -23,9 +23,11 @@ projection (and an untied ``lm_head``).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from causal_mask import causal_mask, scaled_dot_product_attention
+from causal_mask import causal_mask
 from embeddings import TokenEmbedding
 from generation import sample_next
 from gpt2_weights import checkpoint_file, decode_tensor, parse_header, read_config_json
@@ -141,7 +143,8 @@ def rotate_half(x: np.ndarray) -> np.ndarray:
     raise NotImplementedError('Lab 08 · rotate_half: split the last axis in halves, return (−second half, first half)')
 
 
-def apply_rope(x: np.ndarray, positions: np.ndarray, base: float = 10000.0) -> np.ndarray:
+def apply_rope(x: np.ndarray, positions: np.ndarray, base: float = 10000.0,
+               angles: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """Rotary positions as HuggingFace's Llama applies them (rotate-half pairing).
 
     Feature i is paired with feature i + d/2 and the pair (x_i, x_{i+d/2}) is rotated by
@@ -151,6 +154,9 @@ def apply_rope(x: np.ndarray, positions: np.ndarray, base: float = 10000.0) -> n
         x: (..., T, d) float, queries or keys (heads in the leading axes).
         positions: int (T,), token t's position (any values: an offset, gaps, …).
         base: ``rope_theta``.
+        angles: ``rope_angles(positions, d, base)`` when the caller has it already (a
+            model computes it once per pass and hands it to every block, as
+            HuggingFace's Llama does); None: computed here.
 
     Returns:
         (..., T, d), same dtype as ``x``. Position 0 leaves x unchanged; every pair keeps
@@ -158,7 +164,7 @@ def apply_rope(x: np.ndarray, positions: np.ndarray, base: float = 10000.0) -> n
     """
     x, positions = _check_rope_input(x, positions)
     # YOUR CODE HERE
-    raise NotImplementedError('Lab 08 · apply_rope: cos and sin of m·θ for these positions; x·cos + rotate_half(x)·sin')
+    raise NotImplementedError('Lab 08 · apply_rope: cos and sin of m·θ for these positions (unless given as angles); x·cos + rotate_half(x)·sin')
 
 
 def apply_rope_interleaved(x: np.ndarray, positions: np.ndarray, base: float = 10000.0) -> np.ndarray:
@@ -247,12 +253,14 @@ class LlamaAttention(Layer):
         B, T, width = x.shape
         return x.reshape(B, T, width // self.d_head, self.d_head).transpose(0, 2, 1, 3)
 
-    def project(self, x: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def project(self, x: np.ndarray, positions: np.ndarray, angles: tuple[np.ndarray, np.ndarray] | None = None
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Queries, keys and values of T tokens, with q and k rotated to their positions.
 
         Args:
             x: (B, T, D), already normalised.
             positions: int (T,).
+            angles: ``rope_angles(positions, d, rope_theta)`` if the caller has it, else None.
 
         Returns:
             q (B, H, T, d), k (B, H_kv, T, d), v (B, H_kv, T, d). Values are not rotated.
@@ -261,7 +269,7 @@ class LlamaAttention(Layer):
         check_ndim(x, "x", ndim=3, shape_hint="(B, T, D)")
         positions = _check_positions(positions, x.shape[1])
         # YOUR CODE HERE
-        raise NotImplementedError('Lab 08 · LlamaAttention.project: project, split into heads, rotate q and k (not v) by their positions with rope_theta')
+        raise NotImplementedError('Lab 08 · LlamaAttention.project: project, split into heads, rotate q and k (not v) by their positions with rope_theta (and angles)')
 
     def attend(self, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Causal attention of T queries over S ≥ T keys, heads merged and projected.
@@ -275,9 +283,9 @@ class LlamaAttention(Layer):
             (B, T, D): ``o_proj`` of the merged heads.
         """
         B, H, T, d = q.shape
-        S = k.shape[2]
+        H_kv, S = k.shape[1], k.shape[2]
         # YOUR CODE HERE
-        raise NotImplementedError('Lab 08 · LlamaAttention.attend: repeat the kv heads for their groups, causal attention over S keys, merge heads, o_proj')
+        raise NotImplementedError('Lab 08 · LlamaAttention.attend: query heads grouped by their kv head (a reshape, or repeat_kv), causal attention over S keys, merge heads, o_proj')
 
     def forward(self, x: np.ndarray, positions: np.ndarray | None = None) -> np.ndarray:
         """x (B, T, D) → (B, T, D); positions int (T,), default 0 … T−1."""
@@ -544,7 +552,7 @@ def forward_with_cache(model: LlamaModel, token_ids: np.ndarray, cache: LlamaCac
         raise ValueError(f"the cache holds {cache.length} tokens; {T} more would go past max_seq_len="
                          f"{cache.max_seq_len}")
     # YOUR CODE HERE
-    raise NotImplementedError('Lab 08 · forward_with_cache: positions length…length+T−1; per block: norm, project (rotating k), cache.update, attend, residuals, mlp; norm, head; advance length')
+    raise NotImplementedError('Lab 08 · forward_with_cache: positions length…length+T−1 and their rope_angles; per block: norm, project (rotating k), cache.update, attend, residuals, mlp; norm, head; advance length')
 
 
 def generate(model: LlamaModel, token_ids: np.ndarray, max_new_tokens: int, *, temperature: float = 0.0,
