@@ -8,6 +8,9 @@ process that the grader starts on request (``gptkit.testing.remote``). Results g
 ``_grader_protocol`` events, to a pipe only this process holds.
 """
 
+import contextlib
+import gc
+import io
 import json
 import os
 import signal
@@ -48,6 +51,18 @@ def main():
 
     import _grader_plugin
     from gptkit.testing import remote
+
+    # One pytest session here first, on an empty folder without conftest, so that each lab's
+    # session in its fork finds pytest's own machinery loaded; then gc.freeze(), so that the
+    # forks' garbage collections leave the objects loaded so far alone (otherwise every
+    # page they sit on is copied into every fork). Together 0.3-0.4 s of CPU per submission.
+    empty = os.path.join(os.environ.get("HOME") or "/tmp", ".warm-up")
+    os.makedirs(empty, exist_ok=True)
+    with contextlib.redirect_stdout(io.StringIO()):
+        pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "--noconftest", "-c", os.devnull,
+                     "--rootdir", empty, empty])
+    gc.collect()
+    gc.freeze()
 
     for job in plan["jobs"]:
         lab = job["lab"]
