@@ -29,7 +29,7 @@ import numpy as np
 
 from causal_mask import causal_mask
 from embeddings import TokenEmbedding
-from generation import sample_next
+from generation import KVCache, sample_next
 from gpt2_weights import checkpoint_file, decode_tensor, parse_header, read_config_json
 from gptkit import Layer, as_float_array, check_last_dim, check_length, check_ndim, make_rng, state_diff
 from layers import Linear
@@ -502,14 +502,17 @@ def load_llama(path) -> LlamaModel:
 
 # -- generation with a cache ---------------------------------------------------------------------------
 
-class LlamaCache:
-    """Every block's *rotated* keys and its values, for the tokens seen so far.
+class LlamaCache(KVCache):
+    """Lab 06's KV cache, for a Llama: every block's *rotated* keys and its values.
 
-    Attributes:
+    Attributes (as lab 06's ``KVCache``):
         keys, values: one float32 buffer (B, H_kv, L, d) per block, allocated once;
             positions 0 … length−1 hold data.
         length: how many positions are filled (the position of the next token).
-        batch_size (B), max_seq_len (L), num_kv_heads (H_kv), d_head (d).
+        batch_size (B), max_seq_len (L), num_kv_heads (H_kv) = num_heads, d_head (d).
+
+    ``update(layer, k, v)`` and ``reorder(rows)`` are lab 06's: k and v (B, H_kv, T, d)
+    in, views (B, H_kv, length+T, d) out. Only the shapes are Llama's: H_kv heads.
     """
 
     def __init__(self, model: LlamaModel, batch_size: int):
@@ -517,21 +520,11 @@ class LlamaCache:
         self.max_seq_len = model.max_seq_len
         attn = model.layers[0].self_attn
         self.num_kv_heads, self.d_head = attn.num_kv_heads, attn.d_head
+        self.num_heads = self.num_kv_heads  # the heads lab 06's update expects
         shape = (self.batch_size, self.num_kv_heads, self.max_seq_len, self.d_head)
         self.keys = [np.zeros(shape, np.float32) for _ in model.layers]
         self.values = [np.zeros(shape, np.float32) for _ in model.layers]
         self.length = 0
-
-    def update(self, layer: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Store block ``layer``'s k and v (B, H_kv, T, d) at positions length … length+T−1;
-        return (keys, values) (B, H_kv, length+T, d), views of everything stored.
-        ``length`` is advanced by ``forward_with_cache``, once per call."""
-        k, v = np.asarray(k), np.asarray(v)
-        if self.length + k.shape[2] > self.max_seq_len:
-            raise ValueError(f"the cache holds {self.length} positions and cannot take {k.shape[2]} more: "
-                             f"max_seq_len={self.max_seq_len}")
-        # YOUR CODE HERE
-        raise NotImplementedError('Lab 08 · LlamaCache.update: write k and v after the filled positions; return views up to the new end')
 
 
 def forward_with_cache(model: LlamaModel, token_ids: np.ndarray, cache: LlamaCache) -> np.ndarray:
