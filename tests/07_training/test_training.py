@@ -245,6 +245,10 @@ def test_attention_backward_with_dropout_gradient_check(seed):
     _check_qkv_grads(S.causal_attention_backward(dout, q, k, v, keep, p), forward, q, k, v, dout,
                      "causal_attention_backward with attention dropout (p = 0.3, the forward's keep mask given)",
                      SAME_MASK)
+    weights = _softmax64(np.where(np.tril(np.ones((5, 5), bool)), q @ k.swapaxes(-1, -2) / 2.0, -np.inf))
+    _check_qkv_grads(S.causal_attention_backward(dout, q, k, v, keep, p, weights), forward, q, k, v, dout,
+                     "causal_attention_backward given the forward's weights (softmax output, before dropout)",
+                     "weights, when given, are the forward's softmax output before dropout: use them as they are")
 
 
 @_random_seeds(8)

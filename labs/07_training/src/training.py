@@ -121,7 +121,7 @@ def softmax_cross_entropy(logits: np.ndarray, targets: np.ndarray):
 
 
 def causal_attention_backward(dout: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-                              keep: np.ndarray | None = None, p: float = 0.0):
+                              keep: np.ndarray | None = None, p: float = 0.0, weights: np.ndarray | None = None):
     """Backward of causal scaled dot-product attention for all heads at once:
     ``out = dropout(softmax(q kᵀ / √d_head + causal mask)) @ v``.
 
@@ -129,13 +129,15 @@ def causal_attention_backward(dout: np.ndarray, q: np.ndarray, k: np.ndarray, v:
         dout: (B, H, T, d_head). q, k, v: (B, H, T, d_head), the forward's inputs.
         keep, p: the attention-dropout mask (B, H, T, T) the forward drew and its
             probability (None: no dropout).
+        weights: the forward's softmax output (B, H, T, T), before dropout, if it was
+            kept; None: recompute it from q and k, with the same scale and the same
+            causal mask as the forward.
 
     Returns:
-        ``(dq, dk, dv)``, each (B, H, T, d_head). The weights are recomputed from q and k,
-        with the same scale and the same causal mask as the forward.
+        ``(dq, dk, dv)``, each (B, H, T, d_head).
     """
     # YOUR CODE HERE
-    raise NotImplementedError('Lab 07 · causal_attention_backward: recompute the weights (scale, mask, softmax); back through @v, dropout, softmax, the scale')
+    raise NotImplementedError('Lab 07 · causal_attention_backward: the weights (given, or recomputed: scale, mask, softmax); back through @v, dropout, softmax, the scale')
 
 
 def dropout_forward_with(x: np.ndarray, keep: np.ndarray | None, p: float) -> np.ndarray:
