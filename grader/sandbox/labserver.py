@@ -45,6 +45,17 @@ _NO_PROCESSES = {
 }
 
 
+def _libc_without_new_privileges():
+    """The C library through ctypes, after PR_SET_NO_NEW_PRIVS (which both kernel walls
+    below need, and which nothing here ever undoes); None if the kernel refused it."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    libc.syscall.restype = ctypes.c_long
+    return libc if libc.prctl(38, 1, 0, 0, 0) == 0 else None  # PR_SET_NO_NEW_PRIVS
+
+
 def _no_new_processes():
     """Install the seccomp filter; True if the kernel took it (False on another machine
     type or a kernel without seccomp: the other walls stand alone then)."""
@@ -73,11 +84,8 @@ def _no_new_processes():
     buf = ctypes.create_string_buffer(code, len(code))
     fprog = struct.pack("HxxxxxxP", len(prog), ctypes.addressof(buf))  # struct sock_fprog
     fbuf = ctypes.create_string_buffer(fprog, len(fprog))
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
-        return False
-    return libc.prctl(22, 2, ctypes.addressof(fbuf), 0, 0) == 0  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+    libc = _libc_without_new_privileges()
+    return libc is not None and libc.prctl(22, 2, ctypes.addressof(fbuf), 0, 0) == 0  # PR_SET_SECCOMP, FILTER
 
 
 def _files_fence(read_roots, write_roots, list_roots=()):
@@ -90,10 +98,11 @@ def _files_fence(read_roots, write_roots, list_roots=()):
     import ctypes
     import struct
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
     create, add_rule, restrict_self = 444, 445, 446  # the same numbers on x86-64 and ARM64
-    if os.uname().machine not in _NO_PROCESSES:
+    if os.uname().machine not in _NO_PROCESSES:  # the machines whose numbers this file knows
+        return False
+    libc = _libc_without_new_privileges()
+    if libc is None:
         return False
     abi = libc.syscall(create, None, ctypes.c_size_t(0), ctypes.c_uint32(1))  # LANDLOCK_CREATE_RULESET_VERSION
     if abi < 1:
@@ -131,9 +140,6 @@ def _files_fence(read_roots, write_roots, list_roots=()):
             allow(root, read)
         for root in write_roots:
             allow(root, everything)
-        libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-        if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
-            return False
         return libc.syscall(restrict_self, ruleset, ctypes.c_uint32(0)) == 0
     finally:
         os.close(ruleset)
