@@ -39,6 +39,7 @@ from grader.sandbox import protocol
 
 HERE = Path(__file__).resolve().parent
 SANDBOX_ROOT = "/sandbox"  # where the scratch folder appears inside bubblewrap
+HYPOTHESIS_DIR = "tmp/hypothesis"  # the test process's Hypothesis storage, in the scratch folder
 
 
 @dataclass
@@ -397,7 +398,7 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
            # Only the plugins the kit names: autoloading every installed one (anyio's comes
            # with the torch extra) cost more than a lab's tests.
            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-           "HYPOTHESIS_STORAGE_DIRECTORY": str(inside / "tmp" / "hypothesis")}
+           "HYPOTHESIS_STORAGE_DIRECTORY": str(inside / HYPOTHESIS_DIR)}
     lab_env = {**{k: env[k] for k in ("PATH", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
                                       "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "LANG")},
                "HOME": str(inside / "swork"), "TMPDIR": str(inside / "tmp")}

@@ -3,6 +3,7 @@ without regrading anyone; the same submission always gets the same result; the c
 outputs (CSV, stats, HTML) cover everyone."""
 
 import csv
+import hashlib
 import json
 import os
 import shutil
@@ -79,6 +80,23 @@ def test_killed_batch_resumes_without_regrading(tmp_path):
     assert len(after) == 9
     regraded = [s for s, t in before.items() if after[s] != t and s != "broken"]
     assert not regraded, f"students graded twice: {regraded}"
+
+
+def test_the_kit_cache_holds_hypothesis_constants(grader):
+    """Hypothesis draws with constants read from the kit's sources and caches them by the
+    source's hash; the grader makes that cache once per kit and copies it into every
+    submission's run. Should Hypothesis move it, grading stays right but slower: this
+    test says so."""
+    from grader.grade import HYPOTHESIS_CONSTANTS
+
+    kit = grader.cache / "kit"
+    cached = {p.name for p in (kit / HYPOTHESIS_CONSTANTS / "constants").glob("*")}
+    sources = sorted(kit.glob("tests/**/*.py"))
+    assert sources, "the cached kit holds no tests"
+    missing = [str(p.relative_to(kit)) for p in sources
+               if hashlib.sha1(p.read_bytes()).hexdigest()[:16] not in cached]
+    assert not missing, (f"no Hypothesis constants cached for {missing[:3]} (of {len(sources)}): has Hypothesis "
+                         f"changed where it keeps them? Grading re-reads the kit's sources for every submission")
 
 
 def _verdicts(r):
