@@ -16,6 +16,7 @@ wall-clock backstop, far above the budget, catches lab code that only sleeps.
 from __future__ import annotations
 
 import json
+import os
 import select
 import socket
 import time
@@ -127,7 +128,8 @@ class Remote:
     def __init__(self, ctl_fd: int, budget: float, wall: float, module_labs: dict[str, str], lab: str):
         self.module_labs = module_labs  # "causal_mask" → "01_causal_mask" (for messages)
         self.lab = lab
-        self.ctl = socket.socket(fileno=ctl_fd)
+        self.ctl = socket.socket(fileno=os.dup(ctl_fd))  # its own: the labs of a session each make a Remote
+        self.closed = False
         self.budget, self.wall = budget, wall
         self.sock = None
         self.reader = None
@@ -175,6 +177,8 @@ class Remote:
         return float(reply["cpu"])
 
     def _start(self) -> None:
+        if self.closed:
+            raise LabProcessDied(f"the tests of {self.lab} are over: its lab process is not started again")
         if self.restarts >= MAX_RESTARTS:
             raise LabProcessDied(f"the lab code's process ended {MAX_RESTARTS} times; it is not started again")
         if self.sid is not None:
@@ -220,7 +224,10 @@ class Remote:
         return status
 
     def close(self) -> None:
+        """The lab's tests are over: its process ends, and is not started again."""
         self._stop()
+        self.closed = True
+        self.ctl.close()
 
     # -- tests ----------------------------------------------------------------------------------
     def begin_test(self) -> None:

@@ -2,15 +2,16 @@
 
 It reads a one-time token from stdin (so it never sits in the environment), makes itself
 undumpable (no other process of its user may read its memory or trace it), imports the
-test machinery once, then forks one child per lab that runs the lab's pristine tests
-with pytest. Lab code never runs here: ``lab("module")`` reaches it in a separate
-process that the grader starts on request (``gptkit.testing.remote``). Results go, as
-``_grader_protocol`` events, to a pipe only this process holds.
+test machinery once, then forks a child that runs every lab's pristine tests, lab after
+lab, in one pytest session. Lab code never runs here: ``lab("module")`` reaches it in a
+separate process per lab that the grader starts on request (``gptkit.testing.remote``).
+Results go, as ``_grader_protocol`` events, to a pipe only this process holds.
+
+The child tells this process, on a pipe of its own, when each lab starts and ends. Each
+lab has its own time limit; a child that runs past it, or dies, ends that lab without a
+result, and a new child runs the labs after it.
 """
 
-import contextlib
-import gc
-import io
 import json
 import os
 import signal
@@ -44,7 +45,8 @@ def main():
         out.write(protocol.encode(token, event))
         out.flush()
 
-    # Everything the tests need, imported once before the per-lab forks.
+    # Everything the tests need, imported once: a child that replaces one that died starts
+    # with it loaded.
     import numpy  # noqa: F401
     import pytest
     import hypothesis  # noqa: F401
@@ -52,66 +54,124 @@ def main():
     import _grader_plugin
     from gptkit.testing import remote
 
-    # One pytest session here first, on an empty folder without conftest, so that each lab's
-    # session in its fork finds pytest's own machinery loaded; then gc.freeze(), so that the
-    # forks' garbage collections leave the objects loaded so far alone (otherwise every
-    # page they sit on is copied into every fork). Together 0.3-0.4 s of CPU per submission.
-    empty = os.path.join(os.environ.get("HOME") or "/tmp", ".warm-up")
-    os.makedirs(empty, exist_ok=True)
-    with contextlib.redirect_stdout(io.StringIO()):
-        pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", "--noconftest", "-c", os.devnull,
-                     "--rootdir", empty, empty])
-    gc.collect()
-    gc.freeze()
-
-    for job in plan["jobs"]:
-        lab = job["lab"]
-        emit(protocol.LabStart(lab))
+    jobs = plan["jobs"]
+    todo = [job["lab"] for job in jobs]
+    timeout = {job["lab"]: float(job["timeout"]) for job in jobs}
+    attempt = 0
+    while todo:
+        attempt += 1
+        tests = [t for job in jobs if job["lab"] in todo for t in job["tests"]]
+        progress_r, progress_w = os.pipe()
         pid = os.fork()
         if pid == 0:
-            code = 3
+            os.close(progress_r)
+            _run_labs(plan, todo, tests, attempt, emit, progress_w, remote, _grader_plugin, pytest, protocol)
+        os.close(progress_w)
+        todo = _watch(pid, progress_r, todo, timeout, emit, protocol)
+    out.close()
+
+
+def _run_labs(plan, labs, tests, attempt, emit, progress_w, remote, plugin, pytest, protocol):
+    """The child: one pytest session over ``labs``' tests; never returns."""
+    code = 3
+    try:
+        log = os.open(plan["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        progress = os.fdopen(progress_w, "w", buffering=1)
+
+        def note(what, lab):
+            progress.write(f"{what} {lab}\n")
+
+        def enter(lab):  # the lab's own process becomes the one lab() reaches
+            r = remote.active()
+            if r is None or r.lab != lab:
+                remote.start(plan["ctl_fd"], plan["test_cpu_seconds"], plan["test_wall_seconds"],
+                             plan["module_labs"], lab).warm()
+
+        enter(labs[0])  # its start-up overlaps the collection
+        plugin.configure(emit, plan["test_cpu_seconds"], plan["test_wall_seconds"], labs, note, enter)
+        code = pytest.main([*tests, *plan["pytest_args"], f"--basetemp={plan['basetemp']}-{attempt}",
+                            "-p", "_grader_plugin"])
+    except BaseException as exc:  # noqa: BLE001 - the child must always exit here
+        emit(protocol.LabCrash(plugin.current_lab() or labs[0], f"{type(exc).__name__}: {exc}"[:500]))
+    finally:
+        try:
+            sys.stdout.flush()
+        finally:
+            r = remote.active()
+            if r is not None:
+                r.close()
+            os._exit(int(code) if isinstance(code, int) else 3)
+
+
+def _watch(pid, progress_r, todo, timeout, emit, protocol):
+    """Follow the child through ``todo`` (in order) until it ends or a lab runs past its time
+    limit; returns the labs that a new child should run."""
+    os.set_blocking(progress_r, False)
+    started, ended, current, buf = [], set(), None, b""
+    deadline = time.monotonic() + timeout[todo[0]]
+    status = timed_out = None
+
+    def read_progress():
+        nonlocal buf, current, deadline
+        while True:
             try:
-                log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                os.dup2(log, 1)
-                os.dup2(log, 2)
-                os.close(log)
-                r = remote.start(plan["ctl_fd"], plan["test_cpu_seconds"], plan["test_wall_seconds"],
-                                 plan["module_labs"], lab)
-                r.warm()
-                _grader_plugin.configure(emit, plan["test_cpu_seconds"], plan["test_wall_seconds"], lab)
-                try:
-                    code = pytest.main([*job["tests"], *plan["pytest_args"], f"--basetemp={job['basetemp']}",
-                                        "-p", "_grader_plugin"])
-                finally:
-                    r.close()
-            except BaseException as exc:  # noqa: BLE001 - the child must always exit here
-                emit(protocol.LabCrash(lab, f"{type(exc).__name__}: {exc}"[:500]))
-            finally:
-                try:
-                    out.flush()
-                    sys.stdout.flush()
-                finally:
-                    os._exit(int(code) if isinstance(code, int) else 3)
-        deadline = time.monotonic() + job["timeout"]
-        status = None
-        while status is None:
-            done, st = os.waitpid(pid, os.WNOHANG)
-            if done:
-                status = st
-            elif time.monotonic() > deadline:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-                os.waitpid(pid, 0)
-                emit(protocol.LabTimeout(lab, float(job["timeout"])))
-                status = -1
-            else:
-                time.sleep(0.02)
-        if status != -1:
+                chunk = os.read(progress_r, 4096)
+            except BlockingIOError:
+                return
+            if not chunk:
+                return
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                what, _, lab = line.decode().partition(" ")
+                if lab not in timeout:
+                    continue
+                if what == "start":
+                    started.append(lab)
+                    current, deadline = lab, time.monotonic() + timeout[lab]
+                elif what == "end":
+                    ended.add(lab)
+                    current = None
+                    following = [lab for lab in todo if lab not in ended and lab not in started]
+                    deadline = time.monotonic() + timeout[following[0] if following else lab]
+
+    while status is None:
+        read_progress()
+        done, st = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = st
+        elif time.monotonic() > deadline:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+            os.waitpid(pid, 0)
+            timed_out = current or next(lab for lab in todo if lab not in ended)
+            emit(protocol.LabTimeout(timed_out, timeout[timed_out]))
+            status = -1
+        else:
+            time.sleep(0.02)
+    read_progress()
+    os.close(progress_r)
+    if timed_out is None and current is not None:  # the child ended in the middle of a lab
+        how = (f"exit code {os.WEXITSTATUS(status)}" if os.WIFEXITED(status) else
+               f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else "it vanished")
+        emit(protocol.LabCrash(current, f"the test process ended in the middle of the lab ({how})"))
+    stop = timed_out or current
+    rest = todo[todo.index(stop) + 1:] if stop else [lab for lab in todo if lab not in ended]
+    rest = [lab for lab in rest if lab not in ended]
+    if rest and not started and timed_out is None:
+        # It ended before running any lab (pytest could not start): another child would too.
+        for lab in rest:
             emit(protocol.LabEnd(lab, os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1,
                                  os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0))
-    out.close()
+        return []
+    return rest
+
+
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """pytest plugin of the grader's test process (``_grader_plugin``): per-test CPU budget of
-the lab code, and one result event per test on the grader's pipe.
+the lab code, one result event per test on the grader's pipe, and the labs in turn.
 
 The lab code runs in another process (``gptkit.testing.remote``); this process runs only
-the kit's tests, so what it reports is what the tests decided.
+the kit's tests, so what it reports is what the tests decided. One session runs the tests
+of several labs, lab after lab: at a lab's first test the plugin ends the lab before
+(its lab process too) and makes the new lab's process the one ``lab()`` reaches.
 """
 
 import signal
@@ -12,13 +14,47 @@ import _grader_protocol as protocol
 import pytest
 
 from gptkit.testing import remote
+from gptkit.testing.layout import lab_of
 
-_state = {"emit": None, "budget": 10.0, "wall": 60.0, "lab": "", "timeouts": 0}
+_state = {"emit": None, "budget": 10.0, "wall": 60.0, "labs": [], "note": None, "enter": None,
+          "lab": None, "timeouts": 0, "failed": False, "stopped": set(), "done": set()}
 MAX_TIMEOUTS = 3  # after this many tests hit the limit, the rest of the lab is not run
 
 
-def configure(emit, budget, wall, lab):
-    _state.update(emit=emit, budget=float(budget), wall=float(wall), lab=lab)
+def configure(emit, budget, wall, labs, note, enter):
+    """``labs`` in the order their tests run; ``note(what, lab)`` tells the parent process
+    that a lab starts or ends; ``enter(lab)`` makes the lab's process the active one."""
+    _state.update(emit=emit, budget=float(budget), wall=float(wall), labs=list(labs), note=note, enter=enter)
+
+
+def current_lab():
+    return _state["lab"]
+
+
+def _switch(lab):
+    if lab == _state["lab"]:
+        return
+    _finish()
+    _state.update(lab=lab, timeouts=0, failed=False)
+    _state["note"]("start", lab)
+    _state["emit"](protocol.LabStart(lab))
+    _state["enter"](lab)
+
+
+def _finish():
+    """The current lab is over: its lab process ends, its end is reported."""
+    lab = _state["lab"]
+    if lab is None:
+        return
+    r = remote.active()
+    if r is not None:
+        r.close()
+    # pytest's own codes: 0 all passed, 1 some failed, 2 stopped early.
+    code = 2 if lab in _state["stopped"] else 1 if _state["failed"] else 0
+    _state["emit"](protocol.LabEnd(lab, code, 0))
+    _state["note"]("end", lab)
+    _state["done"].add(lab)
+    _state["lab"] = None
 
 
 def _on_alarm(signum, frame):
@@ -28,9 +64,20 @@ def _on_alarm(signum, frame):
 _reports = {}
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    if lab_of(item.nodeid) in _state["stopped"]:
+        pytest.skip("the lab's tests were stopped")  # not run, and not reported
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    emit, lab = _state["emit"], _state["lab"]
+    lab = lab_of(item.nodeid)
+    _switch(lab)
+    if lab in _state["stopped"]:
+        yield
+        return
+    emit = _state["emit"]
     r = remote.active()
     emit(protocol.TestStart(lab, item.nodeid))
     _reports[item.nodeid] = {"outcome": "passed", "message": ""}
@@ -52,11 +99,24 @@ def pytest_runtest_protocol(item, nextitem):
         emit(protocol.Blocked(lab, what))
     emit(protocol.TestResult(lab, item.nodeid, rec["outcome"], rec["message"],
                              round(time.monotonic() - start, 4), round(cpu, 4)))
+    _state["failed"] = _state["failed"] or rec["outcome"] != "passed"
     if "TestTimeLimit" in rec["message"]:
         _state["timeouts"] += 1
         if _state["timeouts"] >= MAX_TIMEOUTS:
             emit(protocol.LabStopped(lab, f"{MAX_TIMEOUTS} tests ran past the time limit"))
-            item.session.shouldstop = "too many tests ran past the time limit"
+            _state["stopped"].add(lab)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _finish()
+    if exitstatus not in (0, 1, 5):
+        return  # pytest itself stopped: the parent process runs the labs not done again
+    for lab in _state["labs"]:  # a lab none of whose tests ran (none collected): pytest's code 5
+        if lab not in _state["done"]:
+            _state["emit"](protocol.LabStart(lab))
+            _state["emit"](protocol.LabEnd(lab, 5, 0))
+            _state["note"]("end", lab)
+            _state["done"].add(lab)
 
 
 def pytest_runtest_logreport(report):

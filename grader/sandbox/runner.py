@@ -385,11 +385,12 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
         "pytest_args": ["-q", "-s", "-p", "no:cacheprovider", "-p", "no:randomly", "-m", "not torch",
                         f"--rootdir={inside / 'kit'}", "-c", str(inside / "kit" / "pyproject.toml"),
                         "--tb=line", "-W", "ignore"],
-        # Each lab its own pytest folder: pytest empties it first, and the files an earlier lab's
-        # process wrote there belong to another user.
+        # Each pytest session its own folder (this, then -1, -2, …): pytest empties it first, and
+        # the files an earlier session's lab processes wrote there may belong to other users.
+        "basetemp": str(inside / "tmp" / "pytest"),
+        "log": str(inside / "logs" / "tests.txt"),
         "jobs": [{"lab": j["lab"], "tests": [str(inside / "kit" / t) for t in j["tests"]],
-                  "basetemp": str(inside / "tmp" / f"pytest-{j['lab']}"),
-                  "timeout": limits.lab_seconds, "log": str(inside / "logs" / f"{j['lab']}.txt")} for j in jobs],
+                  "timeout": limits.lab_seconds} for j in jobs],
     }
     (scratch / "plan.json").write_text(json.dumps(plan))
     env = {"PATH": "/usr/bin:/bin", "HOME": str(inside / "work"), "TMPDIR": str(inside / "tmp"),

@@ -137,3 +137,32 @@ def test_same_result_idle_and_under_load(grader, make_submission):
     timed_out = [t for t in tests if "TestTimeLimit" in t.message]
     assert slow_passed and timed_out, "the submission must have both slow passing tests and timeouts"
     assert loaded.seconds > 0 and idle.labs["02_embeddings"].points == grader.rubric["02_embeddings"].points
+
+
+def test_a_lab_past_its_time_limit_leaves_the_next_labs_their_points(tmp_path, make_submission):
+    """One test process runs the labs in turn, each with its own wall-clock limit. Lab 01
+    waits 4 s in every causal_mask call, so it runs past its 20 s: it gets nothing, and a
+    new test process grades labs 02 and 03, which keep every point."""
+    from grader.grade import Grader
+    from grader.sandbox.runner import Limits
+
+    g = Grader(tmp_path / "out", ["01", "02", "03"], log=lambda *_: None, enforce_policy=False,  # for time.sleep
+               limits=Limits(wall_seconds=300, lab_seconds=20, test_seconds=2, memory_mb=1024,
+                             test_wall_backstop=60))
+    (g.out_dir / ".scratch").mkdir(parents=True)
+    g.prepare()
+    sub = make_submission(edits={"01_causal_mask/causal_mask.py": [
+        ("import math\n", "import math\nimport time\n")]})
+    text = (sub / "labs" / "01_causal_mask" / "src" / "causal_mask.py").read_text()
+    head, sep, body = text.partition('    """Which keys each query may attend to.\n')
+    end = body.index('    """\n') + len('    """\n')
+    (sub / "labs" / "01_causal_mask" / "src" / "causal_mask.py").write_text(
+        head + sep + body[:end] + "    time.sleep(4)\n" + body[end:])
+    r = g.grade("sleepy", sub)
+    lab01 = r.labs["01_causal_mask"]
+    assert lab01.points == 0 and all(t.outcome == "not run" for t in lab01.tests), \
+        [(t.nodeid, t.outcome, t.message) for t in lab01.tests][:3]
+    assert any("ran past 20 s" in f for f in lab01.flags), (lab01.flags, [(t.nodeid, t.outcome, t.message) for t in lab01.tests][:3])
+    for lab in ("02_embeddings", "03_layernorm_ffn"):
+        assert r.labs[lab].points == g.rubric[lab].points, [(t.nodeid, t.message) for t in r.labs[lab].tests
+                                                           if t.outcome != "passed"][:3]

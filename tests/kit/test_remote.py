@@ -164,7 +164,7 @@ class FakeGrader:
 @pytest.fixture
 def lab(tmp_path):
     host = FakeGrader(tmp_path)
-    r = remote.start(os.dup(host.theirs.fileno()), 1.0, 20.0, {"labmod": "00_test"}, "00_test")
+    r = remote.start(host.theirs.fileno(), 1.0, 20.0, {"labmod": "00_test"}, "00_test")
     r.begin_test()
     try:
         yield r.module("labmod")
