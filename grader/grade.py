@@ -111,6 +111,19 @@ def kit_digest(labs: list[str]) -> str:
     return h.hexdigest()[:16]
 
 
+def _share_cores(jobs: int) -> dict[int, set[int]]:
+    """Slot → the cores its submission runs on, when ``jobs`` submissions are graded side by
+    side and each can have cores of its own; otherwise none (the scheduler decides)."""
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return {}
+    if jobs < 2 or len(cores) < jobs:
+        return {}
+    per = len(cores) // jobs
+    return {slot: set(cores[slot * per:(slot + 1) * per]) for slot in range(jobs)}
+
+
 class Grader:
     def __init__(self, out_dir: Path, labs: list[str] | None = None, *, limits: runner.Limits | None = None,
                  own_chain: bool = False, force: bool = False, log=print, enforce_policy: bool = True):
@@ -134,6 +147,7 @@ class Grader:
         self.digest = kit_digest(self.labs) + ("-own" if own_chain else "")
         self.cache = self.out_dir / ".cache" / self.digest
         self.isolation = runner.isolation_mode()
+        self.cpu_sets: dict[int, set[int]] = {}  # run_batch's: slot → its cores
         self.graded_tests: dict[str, list[str]] = {}
 
     # -- one-time preparation ----------------------------------------------------------
@@ -291,7 +305,8 @@ class Grader:
                 shutil.copytree(self.cache / "kit" / HYPOTHESIS_CONSTANTS, scratch / runner.HYPOTHESIS_DIR)
             scratch.chmod(0o755)
             module_labs = {m: name for name, mods in self.all_wanted.items() for m in mods}
-            return runner.run(scratch, jobs, self.limits, slot=slot, mode=self.isolation, module_labs=module_labs)
+            return runner.run(scratch, jobs, self.limits, slot=slot, mode=self.isolation, module_labs=module_labs,
+                              cpus=self.cpu_sets.get(slot))
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
@@ -469,6 +484,7 @@ class Grader:
             else:
                 todo.append((student, p))
         free_slots = list(range(max(1, jobs)))
+        self.cpu_sets = _share_cores(len(free_slots))
 
         def work(item):
             student, p = item

@@ -120,8 +120,11 @@ def site_packages() -> list[str]:
     return sorted({os.path.realpath(paths["purelib"]), os.path.realpath(paths["platlib"])})
 
 
-def _limit_self(limits: Limits, as_root_drop: bool, uid: int | None = None) -> None:
-    """Runs in the child between fork and exec (``uid``: drop to it, without bubblewrap)."""
+def _limit_self(limits: Limits, as_root_drop: bool, uid: int | None = None, cpus=None) -> None:
+    """Runs in the child between fork and exec (``uid``: drop to it, without bubblewrap;
+    ``cpus``: the cores it may run on)."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
     mb = 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limits.memory_mb * mb, limits.memory_mb * mb))
     resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 5))
@@ -231,8 +234,9 @@ class _LabProcesses:
     other end goes to the test process), reports its CPU time, ends it."""
 
     def __init__(self, scratch: Path, inside: Path, limits: Limits, mode: str, slot: int, env: dict,
-                 labs: dict[str, list[str]]):
+                 labs: dict[str, list[str]], cpus=None):
         self.scratch, self.inside, self.limits, self.mode, self.env = scratch, inside, limits, mode, env
+        self.cpus = cpus
         self.labs = labs  # lab → the lab folders of its tree (earlier labs and itself)
         # As root, each lab's process is its own user, owner of its own tree alone: lab 03's
         # code cannot read the reference bytecode of lab 03 that lab 04's tree holds.
@@ -307,7 +311,7 @@ class _LabProcesses:
                                     pass_fds=(theirs.fileno(),), cwd=str(scratch / "swork"), env=self.env,
                                     start_new_session=True,
                                     preexec_fn=lambda: _limit_self(self.limits, self.mode == "bwrap"
-                                                                   and os.geteuid() == 0, uid))
+                                                                   and os.geteuid() == 0, uid, self.cpus))
         finally:
             log.close()
             theirs.close()
@@ -357,13 +361,15 @@ class _LabProcesses:
 
 
 def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode: str | None = None,
-        module_labs: dict[str, str] | None = None) -> RawRun:
+        module_labs: dict[str, str] | None = None, cpus=None) -> RawRun:
     """Run the planned lab jobs inside ``scratch`` (which holds ``kit/``, ``impl/``,
     ``work/``, ``tmp/``) and return every event the test process reported.
 
     Two kinds of process, each in its own sandbox: the test process (the kit's tests, the
     results pipe, no lab code) and, started on its request, a lab process per lab (the
-    submission's code, nothing else)."""
+    submission's code, nothing else). ``cpus``: the cores that both may run on (when
+    submissions are graded side by side, each its own: the two processes take turns, and a
+    request's answer then never waits for, or moves to, a core the other submission holds)."""
     mode = mode or isolation_mode()
     scratch = Path(scratch).resolve()
     inside = Path(SANDBOX_ROOT) if mode == "bwrap" else scratch
@@ -423,7 +429,7 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
         drop_uid = TEST_UID + slot
     labs = {j["lab"]: sorted(p.name for p in (scratch / "impl" / j["lab"]).iterdir() if p.is_dir())
             for j in jobs}
-    children = _LabProcesses(scratch, inside, limits, mode, slot, lab_env, labs)
+    children = _LabProcesses(scratch, inside, limits, mode, slot, lab_env, labs, cpus)
     if children.drop:
         for lab, uid in children.uids.items():
             _chown_tree(scratch / "impl" / lab, uid)
@@ -436,7 +442,7 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             pass_fds=(w_fd, ctl_theirs.fileno()), cwd=str(scratch / "work"), env=env,
                             start_new_session=True,
-                            preexec_fn=lambda: _limit_self(limits, mode == "bwrap" and root, drop_uid))
+                            preexec_fn=lambda: _limit_self(limits, mode == "bwrap" and root, drop_uid, cpus))
     os.close(w_fd)
     ctl_theirs.close()
     results = os.fdopen(r_fd, "rb")

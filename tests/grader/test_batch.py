@@ -166,3 +166,18 @@ def test_a_lab_past_its_time_limit_leaves_the_next_labs_their_points(tmp_path, m
     for lab in ("02_embeddings", "03_layernorm_ffn"):
         assert r.labs[lab].points == g.rubric[lab].points, [(t.nodeid, t.message) for t in r.labs[lab].tests
                                                            if t.outcome != "passed"][:3]
+
+
+def test_submissions_side_by_side_get_cores_of_their_own():
+    """With --jobs N and at least N cores, each slot's processes are pinned to their own
+    cores (a test process and its lab process take turns, so one core each suffices and a
+    request's answer never waits for a core the other submission holds); otherwise none."""
+    from grader.grade import _share_cores
+
+    cores = sorted(os.sched_getaffinity(0))
+    assert _share_cores(1) == {}
+    assert _share_cores(len(cores) + 1) == {}
+    if len(cores) >= 2:
+        shares = _share_cores(2)
+        assert sorted(shares) == [0, 1] and all(shares.values())
+        assert not shares[0] & shares[1] and shares[0] | shares[1] <= set(cores)
