@@ -12,6 +12,7 @@ lab has its own time limit; a child that runs past it, or dies, ends that lab wi
 result, and a new child runs the labs after it.
 """
 
+import gc
 import json
 import os
 import signal
@@ -53,6 +54,8 @@ def main():
 
     import _grader_plugin
     from gptkit.testing import remote
+
+    gc.freeze()  # what is loaded so far stays: the tests' collections need not walk it again
 
     jobs = plan["jobs"]
     todo = [job["lab"] for job in jobs]
