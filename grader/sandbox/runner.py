@@ -279,6 +279,10 @@ class _LabProcesses:
     def spawn(self, lab: str):
         if lab not in self.labs:
             return {"error": f"no lab {lab!r} in this run"}, []
+        # One lab runs at a time: a process still alive belongs to a lab whose tests are over
+        # (its test process was stopped past the lab's time limit), and must not keep a core.
+        for sid in [sid for sid, p in self.procs.items() if not p.status]:
+            self.kill(sid)
         inside, scratch = self.inside, self.scratch
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         lab_dirs = self.labs[lab]
