@@ -1,7 +1,9 @@
 """Runs as ``_grader_labserver.py``: the process that holds a submission's lab code.
 
-The grader starts it fresh for each lab (and again after the lab code kills it), with
-nothing but its side of a socket to the test process. It imports the student's modules
+The grader starts it for each lab (and again after the lab code kills it), with nothing
+but its side of a socket to the test process: where the kernel has both walls below, as
+a fork of this file's zygote (one per submission, a fresh interpreter that loads NumPy
+once and never runs lab code), elsewhere as a fresh interpreter of its own. It imports the student's modules
 and answers requests in plain data (``gptkit.testing.wire``): import a module, read or
 set an attribute, call something, index, take a length. Objects that are not plain data
 stay here and travel as numbered handles. It holds no token and no way to write a test
@@ -9,6 +11,8 @@ result: whatever the lab code does in this process, the test process judges only
 values it receives.
 
     python -I -S -B _grader_labserver.py FD CONFIG_JSON
+    python -I -S -B _grader_labserver.py --zygote CONTROL_FD BASE_CONFIG_JSON
+    python -I -S -B _grader_labserver.py --walls
 """
 
 import gc
@@ -449,17 +453,8 @@ class Server:
         return filename
 
 
-def main():
-    # No cyclic collections while NumPy and the rest load (a tenth of their import time),
-    # and none of what they loaded is looked at again: it is frozen before lab code runs.
-    gc.disable()
-    fd = int(sys.argv[1])
-    with open(sys.argv[2], encoding="utf-8") as fh:
-        config = json.load(fh)
-    sock = socket.socket(fileno=fd)
-    walled = _no_new_processes()  # first: every thread started from here on inherits it
-    sys.path[:0] = config["sys_path"]
-    os.umask(0o022)
+def _load(walled):
+    """What every lab process needs, imported before any lab code runs."""
     import numpy as np
     import numpy.random  # noqa: F401 - now, before lab code can change what importing it finds
 
@@ -475,6 +470,14 @@ def main():
 
     from gptkit.testing import wire
 
+    return np, wire
+
+
+def _serve_lab(sock, config, walled, np, wire):
+    """Become the lab's process: the file fence and the audit hook, then answer requests
+    until the test process hangs up. Never returns."""
+    sys.path[:0] = config["sys_path"]
+    os.umask(0o022)
     signal.signal(signal.SIGPROF, _on_prof)
     blocked = []
 
@@ -484,7 +487,9 @@ def main():
 
     server = Server(sock, wire, np, config["impl"], config["student_path"])
     server.blocked = blocked
-    _files_fence(config["read_roots"], config["write_roots"], [p for p in sys.path if os.path.isdir(p)])
+    fenced = _files_fence(config["read_roots"], config["write_roots"], [p for p in sys.path if os.path.isdir(p)])
+    if config.get("needs_walls") and not (walled and fenced):
+        os._exit(70)  # forked by the zygote, it shares one sandbox with the other labs: never without both
     _guard(config["read_roots"], config["write_roots"], report, walled)
     sys.stdin.close()
     gc.freeze()
@@ -492,6 +497,118 @@ def main():
     wire.send(sock, ["ready", {}, None], [])  # start-up done: from here on, CPU time is the lab code's
     server.serve()
     os._exit(0)
+
+
+def main():
+    # No cyclic collections while NumPy and the rest load (a tenth of their import time),
+    # and none of what they loaded is looked at again: it is frozen before lab code runs.
+    gc.disable()
+    if sys.argv[1] == "--walls":  # exit code 0: this machine has both kernel walls
+        os._exit(0 if _no_new_processes() and _files_fence(["/"], []) else 1)
+    if sys.argv[1] == "--zygote":
+        _zygote(int(sys.argv[2]), sys.argv[3])
+    fd = int(sys.argv[1])
+    with open(sys.argv[2], encoding="utf-8") as fh:
+        config = json.load(fh)
+    sock = socket.socket(fileno=fd)
+    walled = _no_new_processes()  # first: every thread started from here on inherits it
+    sys.path[:0] = config["sys_path"]
+    np, wire = _load(walled)
+    del sys.path[:len(config["sys_path"])]
+    _serve_lab(sock, config, walled, np, wire)
+
+
+# -- the zygote ------------------------------------------------------------------------------
+# One per submission, started by the grader in a sandbox that holds every lab's tree: it
+# loads NumPy once and forks each lab's process, which then puts up its own walls (the
+# seccomp filter, and a Landlock fence that lets it read its own lab's tree only). It
+# never runs lab code itself and never holds the token or the tests. The grader uses it
+# only where the kernel has both walls; elsewhere each lab's process is started alone in
+# a sandbox of its own.
+
+def _proc_cpu(pid) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return sum(int(fields[i]) for i in (11, 12, 13, 14)) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _zygote(ctl_fd, config_path):
+    """Requests, one JSON message each on the grader's SOCK_SEQPACKET socket:
+    ``spawn`` (with the lab's socket and log file as passed descriptors; its ``config``)
+    → ``pid``; ``cpu`` → its CPU seconds so far; ``end`` (after ``grace`` seconds to end
+    by itself) → its exit status and CPU seconds."""
+    ctl = socket.socket(fileno=ctl_fd)
+    with open(config_path, encoding="utf-8") as fh:
+        base = json.load(fh)
+    sys.path[:0] = base["sys_path"]
+    os.umask(0o022)
+    np, wire = _load(walled=True)
+    del sys.path[:len(base["sys_path"])]
+    gc.collect()
+    gc.freeze()
+    ctl.send(json.dumps({"ready": True}).encode())
+    cpu_at_end = {}
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(ctl, 1 << 20, 2)
+        except OSError:
+            data, fds = b"", []
+        if not data:
+            os._exit(0)
+        try:
+            req = json.loads(data)
+            op = req["op"]
+            if op == "spawn":
+                lab_sock, log = fds
+                pid = os.fork()
+                if pid == 0:
+                    try:
+                        ctl.close()
+                        os.setsid()
+                        os.dup2(log, 1)
+                        os.dup2(log, 2)
+                        os.close(log)
+                        walled = _no_new_processes()
+                        _serve_lab(socket.socket(fileno=lab_sock), {**req["config"], "needs_walls": True},
+                                   walled, np, wire)
+                    finally:
+                        os._exit(70)
+                reply = {"pid": pid}
+            elif op == "cpu":
+                pid = int(req["pid"])
+                reply = {"cpu": cpu_at_end.get(pid) if pid in cpu_at_end else _proc_cpu(pid)}
+            elif op == "end":
+                pid = int(req["pid"])
+                deadline = time.monotonic() + min(2.0, float(req.get("grace", 0)))
+                done = 0
+                while not done and time.monotonic() < deadline:
+                    done, st, usage = os.wait4(pid, os.WNOHANG)
+                    if not done:
+                        time.sleep(0.01)
+                if not done:
+                    cpu = _proc_cpu(pid)
+                    os.kill(pid, signal.SIGKILL)
+                    _, st, usage = os.wait4(pid, 0)
+                else:
+                    cpu = 0.0
+                cpu = max(cpu, usage.ru_utime + usage.ru_stime)
+                cpu_at_end[pid] = cpu
+                reply = {"cpu": cpu, "exit": os.WEXITSTATUS(st) if os.WIFEXITED(st) else -1,
+                         "signal": os.WTERMSIG(st) if os.WIFSIGNALED(st) else 0, "ended_by_grader": not done}
+            else:
+                reply = {"error": f"unknown request {op!r}"}
+        except Exception as exc:  # noqa: BLE001 - the grader gets the reason
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            for fd in fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        ctl.send(json.dumps(reply).encode())
 
 
 if __name__ == "__main__":

@@ -87,6 +87,24 @@ def isolation_mode() -> str:
     return "bwrap" if probe.returncode == 0 else "rlimits"
 
 
+_walls: list[bool] = []
+USE_ZYGOTE = True  # tests turn it off to attack the other way of starting lab processes
+
+
+def kernel_walls() -> bool:
+    """Whether the lab process's two kernel walls (the seccomp filter and the Landlock
+    fence) both hold on this machine: then one zygote per submission forks the labs'
+    processes (``labserver.py``), each fenced to its own lab's tree by the kernel."""
+    if not _walls:
+        try:
+            probe = subprocess.run([sys.executable, "-I", "-S", "-B", str(HERE / "labserver.py"), "--walls"],
+                                   capture_output=True, timeout=60)
+            _walls.append(probe.returncode == 0)
+        except (OSError, subprocess.SubprocessError):
+            _walls.append(False)
+    return _walls[0]
+
+
 _dropping: dict[int, bool] = {}
 TEST_UID, LAB_UID = 61000, 62000  # + the job slot (the test process); + 64 × slot + the lab's index
 
@@ -222,8 +240,9 @@ def _tree_cpu(pid: int) -> float:
 
 @dataclass
 class _LabProcess:
-    proc: subprocess.Popen
+    proc: subprocess.Popen | None  # None: forked by the zygote, known there as ``pid``
     lab: str
+    pid: int = 0
     cpu: float = 0.0  # once ended: its CPU time (rusage)
     status: dict = field(default_factory=dict)
 
@@ -234,14 +253,18 @@ class _LabProcesses:
     other end goes to the test process), reports its CPU time, ends it."""
 
     def __init__(self, scratch: Path, inside: Path, limits: Limits, mode: str, slot: int, env: dict,
-                 labs: dict[str, list[str]], cpus=None):
+                 labs: dict[str, list[str]], cpus=None, zygote: bool = False):
         self.scratch, self.inside, self.limits, self.mode, self.env = scratch, inside, limits, mode, env
         self.cpus = cpus
         self.labs = labs  # lab → the lab folders of its tree (earlier labs and itself)
         # As root, each lab's process is its own user, owner of its own tree alone: lab 03's
-        # code cannot read the reference bytecode of lab 03 that lab 04's tree holds.
+        # code cannot read the reference bytecode of lab 03 that lab 04's tree holds. With
+        # the zygote, the kernel's Landlock fence does that, and the labs share one user.
         self.drop = os.geteuid() == 0 and (mode == "bwrap" or can_drop_to())
-        self.uids = {lab: LAB_UID + 64 * slot + i for i, lab in enumerate(labs)}
+        self.uids = {lab: LAB_UID + 64 * slot + (0 if zygote else i) for i, lab in enumerate(labs)}
+        self.use_zygote = zygote
+        self.zygote = None  # (process, control socket), started by start_zygote
+        self.zygote_ready = False
         self.procs: dict[int, _LabProcess] = {}
         self.next_sid = 1
         self.lock = threading.Lock()
@@ -276,6 +299,75 @@ class _LabProcesses:
                 for f in fds:
                     f.close()
 
+    def _common_mounts(self) -> list[str]:
+        inside, scratch = self.inside, self.scratch
+        return ["--perms", "0755", "--dir", str(inside), "--perms", "0755", "--dir", str(inside / "kit"),
+                "--perms", "0755", "--dir", str(inside / "impl"),
+                "--ro-bind", str(scratch / "kit" / "gptkit"), str(inside / "kit" / "gptkit"),
+                "--ro-bind", str(scratch / "kit" / "_grader_labserver.py"),
+                str(inside / "kit" / "_grader_labserver.py"),
+                "--bind", str(scratch / "tmp"), str(inside / "tmp"),
+                "--bind", str(scratch / "swork"), str(inside / "swork")]
+
+    def _popen(self, cmd: list[str], uid_of: str, log, pass_fds) -> subprocess.Popen:
+        """Start ``cmd`` in its sandbox (bubblewrap's mounts already in ``cmd``), as the
+        user of lab ``uid_of`` where the grader runs as root."""
+        uid = self.uids[uid_of] if self.drop and self.mode != "bwrap" else None  # bwrap drops to it itself
+        return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                pass_fds=pass_fds, cwd=str(self.scratch / "swork"), env=self.env,
+                                start_new_session=True,
+                                preexec_fn=lambda: _limit_self(self.limits, self.mode == "bwrap"
+                                                               and os.geteuid() == 0, uid, self.cpus))
+
+    def start_zygote(self) -> None:
+        """The process that forks every lab's process of this submission (``labserver.py``):
+        started now, so that its start-up overlaps the test process's."""
+        inside, scratch = self.inside, self.scratch
+        first = next(iter(self.labs))
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        base = scratch / "swork" / ".zygote.json"
+        base.write_text(json.dumps({"sys_path": [str(inside / "kit"), *site_packages()]}))
+        cmd = [sys.executable, "-I", "-S", "-B", str(inside / "kit" / "_grader_labserver.py"), "--zygote",
+               str(theirs.fileno()), str(inside / "swork" / base.name)]
+        if self.mode == "bwrap":
+            mounts = self._common_mounts()
+            for lab in self.labs:
+                mounts += ["--ro-bind", str(scratch / "impl" / lab), str(inside / "impl" / lab)]
+            cmd = _bwrap(python_roots(), mounts, str(inside / "swork"), self.uids[first] if self.drop else None) + cmd
+        with open(scratch / "slogs" / ".zygote.txt", "ab") as log:
+            try:
+                proc = self._popen(cmd, first, log, (theirs.fileno(),))
+            finally:
+                theirs.close()
+        ours.settimeout(120)
+        self.zygote = (proc, ours)
+
+    def _ask_zygote(self, req: dict, fds=()) -> dict:
+        proc, ctl = self.zygote
+        if not self.zygote_ready:
+            if json.loads(ctl.recv(65536) or b"{}").get("ready") is not True:
+                raise OSError("the lab processes' zygote did not start")
+            self.zygote_ready = True
+        socket.send_fds(ctl, [json.dumps(req).encode()], list(fds))
+        data = ctl.recv(65536)
+        if not data:
+            raise OSError("the lab processes' zygote ended")
+        reply = json.loads(data)
+        if "error" in reply:
+            raise OSError(reply["error"])
+        return reply
+
+    def _config(self, lab: str) -> dict:
+        inside = self.inside
+        return {"sys_path": [*(str(inside / "impl" / lab / d) for d in self.labs[lab]), str(inside / "kit"),
+                             *site_packages()],
+                "impl": str(inside / "impl" / lab), "student_path": str(inside / "impl" / lab),
+                "read_roots": [*python_roots(), str(inside / "impl" / lab), str(inside / "kit" / "gptkit"),
+                               str(inside / "kit" / "_grader_labserver.py"), str(inside / "tmp"),
+                               str(inside / "swork"), "/usr/lib", "/usr/share/zoneinfo", "/etc/localtime",
+                               "/dev/null", "/dev/urandom"],
+                "write_roots": [str(inside / "tmp"), str(inside / "swork"), "/dev/null"]}
+
     def spawn(self, lab: str):
         if lab not in self.labs:
             return {"error": f"no lab {lab!r} in this run"}, []
@@ -283,39 +375,34 @@ class _LabProcesses:
         # (its test process was stopped past the lab's time limit), and must not keep a core.
         for sid in [sid for sid, p in self.procs.items() if not p.status]:
             self.kill(sid)
+        if self.zygote is not None:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                with open(self.scratch / "slogs" / f"{lab}.txt", "ab") as log:
+                    pid = self._ask_zygote({"op": "spawn", "config": self._config(lab)},
+                                           (theirs.fileno(), log.fileno()))["pid"]
+            except BaseException:
+                ours.close()
+                raise
+            finally:
+                theirs.close()
+            with self.lock:
+                sid, self.next_sid = self.next_sid, self.next_sid + 1
+                self.procs[sid] = _LabProcess(None, lab, int(pid))
+            return {"sid": sid}, [ours]
         inside, scratch = self.inside, self.scratch
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        lab_dirs = self.labs[lab]
-        config = {"sys_path": [*(str(inside / "impl" / lab / d) for d in lab_dirs), str(inside / "kit"),
-                               *site_packages()],
-                  "impl": str(inside / "impl" / lab), "student_path": str(inside / "impl" / lab),
-                  "read_roots": [*python_roots(), str(inside / "impl" / lab), str(inside / "kit" / "gptkit"),
-                                 str(inside / "kit" / "_grader_labserver.py"), str(inside / "tmp"),
-                                 str(inside / "swork"), "/usr/lib", "/usr/share/zoneinfo", "/etc/localtime",
-                                 "/dev/null", "/dev/urandom"],
-                  "write_roots": [str(inside / "tmp"), str(inside / "swork"), "/dev/null"]}
+        config = self._config(lab)
         cfg = scratch / "swork" / f".server-{lab}.json"
         cfg.write_text(json.dumps(config))
         cmd = [sys.executable, "-I", "-S", "-B", str(inside / "kit" / "_grader_labserver.py"),
                str(theirs.fileno()), str(inside / "swork" / cfg.name)]
         if self.mode == "bwrap":
-            mounts = ["--perms", "0755", "--dir", str(inside), "--perms", "0755", "--dir", str(inside / "kit"),
-                      "--perms", "0755", "--dir", str(inside / "impl"),
-                      "--ro-bind", str(scratch / "impl" / lab), str(inside / "impl" / lab),
-                      "--ro-bind", str(scratch / "kit" / "gptkit"), str(inside / "kit" / "gptkit"),
-                      "--ro-bind", str(scratch / "kit" / "_grader_labserver.py"),
-                      str(inside / "kit" / "_grader_labserver.py"),
-                      "--bind", str(scratch / "tmp"), str(inside / "tmp"),
-                      "--bind", str(scratch / "swork"), str(inside / "swork")]
+            mounts = [*self._common_mounts(), "--ro-bind", str(scratch / "impl" / lab), str(inside / "impl" / lab)]
             cmd = _bwrap(python_roots(), mounts, str(inside / "swork"), self.uids[lab] if self.drop else None) + cmd
         log = open(scratch / "slogs" / f"{lab}.txt", "ab")
-        uid = self.uids[lab] if self.drop and self.mode != "bwrap" else None  # bwrap drops to it itself
         try:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    pass_fds=(theirs.fileno(),), cwd=str(scratch / "swork"), env=self.env,
-                                    start_new_session=True,
-                                    preexec_fn=lambda: _limit_self(self.limits, self.mode == "bwrap"
-                                                                   and os.geteuid() == 0, uid, self.cpus))
+            proc = self._popen(cmd, lab, log, (theirs.fileno(),))
         finally:
             log.close()
             theirs.close()
@@ -328,11 +415,20 @@ class _LabProcesses:
         p = self.procs[sid]
         if p.status:
             return p.cpu
+        if p.proc is None:
+            return float(self._ask_zygote({"op": "cpu", "pid": p.pid})["cpu"])
         return _tree_cpu(p.proc.pid)
 
     def kill(self, sid: int, grace: float = 0.0) -> dict:
         """End a lab process (after ``grace`` seconds to end by itself); its exit status and CPU time."""
         p = self.procs[sid]
+        if not p.status and p.proc is None:
+            try:
+                reply = self._ask_zygote({"op": "end", "pid": p.pid, "grace": grace})
+                p.cpu = float(reply.pop("cpu"))
+                p.status = reply
+            except (OSError, ValueError, KeyError):
+                p.status = {"exit": -1, "signal": 0}
         if not p.status:
             p.cpu = _tree_cpu(p.proc.pid)
             deadline = time.monotonic() + grace
@@ -362,6 +458,18 @@ class _LabProcesses:
     def stop_all(self) -> None:
         for sid in list(self.procs):
             self.kill(sid)
+        if self.zygote is not None:
+            proc, ctl = self.zygote
+            ctl.close()  # it ends when the socket does
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            proc.wait()
 
 
 def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode: str | None = None,
@@ -433,11 +541,14 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
         drop_uid = TEST_UID + slot
     labs = {j["lab"]: sorted(p.name for p in (scratch / "impl" / j["lab"]).iterdir() if p.is_dir())
             for j in jobs}
-    children = _LabProcesses(scratch, inside, limits, mode, slot, lab_env, labs, cpus)
+    children = _LabProcesses(scratch, inside, limits, mode, slot, lab_env, labs, cpus,
+                             zygote=USE_ZYGOTE and kernel_walls())
     if children.drop:
         for lab, uid in children.uids.items():
             _chown_tree(scratch / "impl" / lab, uid)
             (scratch / "impl" / lab).chmod(0o700)
+    if children.use_zygote:
+        children.start_zygote()
     out_chunks: list[bytes] = []
     res_chunks: list[bytes] = []
     flags: dict = {}

@@ -214,3 +214,34 @@ def test_without_bubblewrap_the_split_still_holds(two_lab_graders, make_submissi
         g.isolation = runner.isolation_mode()
     assert r.isolation == "rlimits" and r.labs["01_causal_mask"].points == 0
     assert r.labs["02_embeddings"].points == g.rubric["02_embeddings"].points
+
+
+def test_where_the_kernel_walls_hold_one_zygote_forks_the_lab_processes(two_lab_graders, make_submission,
+                                                                        monkeypatch):
+    """With seccomp and Landlock, one process per submission loads NumPy once and forks each
+    lab's process, whose sandbox then holds every lab's tree: the kernel's Landlock fence
+    (shown alone in tests/kit/test_remote.py), and the audit hook behind it, keep lab 01's
+    code from lab 02's tree and the reference bytecode of lab 01 in it. The attack that
+    looks for that bytecode still scores nothing."""
+    if not runner.kernel_walls():
+        pytest.skip("this kernel lacks the seccomp filter or Landlock: each lab process starts alone")
+    started = []
+    start = runner._LabProcesses.start_zygote
+    monkeypatch.setattr(runner._LabProcesses, "start_zygote", lambda self: (started.append(self), start(self))[1])
+    g = two_lab_graders["no-policy"]
+    r = g.grade("mallory", _submission(make_submission, "borrow-reference"))
+    assert started, "the lab processes did not come from a zygote"
+    assert r.labs["01_causal_mask"].points == 0
+    assert r.labs["02_embeddings"].points == g.rubric["02_embeddings"].points
+
+
+@pytest.mark.parametrize("attack", ["forge-results", "scavenge-expected", "borrow-reference"])
+def test_lab_processes_started_one_by_one_hold_too(two_lab_graders, make_submission, monkeypatch, attack):
+    """Without the two kernel walls, each lab's process starts alone, in a sandbox that
+    holds its own lab's tree only (and, as root, as its own user): the policy off, the
+    attack still scores nothing."""
+    monkeypatch.setattr(runner, "USE_ZYGOTE", False)
+    g = two_lab_graders["no-policy"]
+    r = g.grade("mallory", _submission(make_submission, attack))
+    assert r.labs["01_causal_mask"].points == 0
+    assert r.labs["02_embeddings"].points == g.rubric["02_embeddings"].points
