@@ -149,6 +149,7 @@ class Remote:
         self.test = 0
         self.cpu_base = 0.0  # the lab process's CPU time when this test started
         self.cpu_dead = 0.0  # CPU time this test spent in lab processes that have since ended
+        self.cpu_idle = None  # (lab process, its CPU time) when the last test ended, until a request
         self.blocked: list[str] = []
         self.origins: dict[int, tuple] = {}  # id(array) → (weakref, object id, first byte, end byte)
         self.callbacks: dict[int, object] = {}  # functions of the tests that lab code may call back
@@ -233,13 +234,20 @@ class Remote:
     def begin_test(self) -> None:
         self.test += 1
         self.cpu_dead = 0.0
-        self.cpu_base = self._cpu() if self.sid is not None and not self.starting else 0.0
+        if self.sid is None or self.starting:
+            self.cpu_base = 0.0
+        elif self.cpu_idle is not None and self.cpu_idle[0] == self.sid:
+            self.cpu_base = self.cpu_idle[1]  # nothing ran in it since the last test ended
+        else:
+            self.cpu_base = self._cpu()
         self.died = ""
 
     def end_test(self) -> float:
         """CPU seconds the lab code used during this test (the kernel's count)."""
         running = self.sid is not None and not self.starting
-        used = self.cpu_dead + (max(0.0, self._cpu() - self.cpu_base) if running else 0.0)
+        now = self._cpu() if running else 0.0
+        self.cpu_idle = (self.sid, now) if running else None
+        used = self.cpu_dead + (max(0.0, now - self.cpu_base) if running else 0.0)
         self.dropped += list(self.gens)
         self.callbacks.clear()
         self.gens.clear()
@@ -325,6 +333,7 @@ class Remote:
     # -- one request ----------------------------------------------------------------------------
     def request(self, op: str, **fields):
         __tracebackhide__ = True
+        self.cpu_idle = None
         if self.sock is None:
             self._start()
         if self.starting:
