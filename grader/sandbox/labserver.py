@@ -36,7 +36,9 @@ def _on_prof(signum, frame):
 
 
 # The kernel's wall (seccomp): this process and its threads may not start another
-# process, run another program, open a socket, or trace/read/signal another process.
+# process, run another program, open a socket, or trace/read/signal another process
+# (every call that sends a signal is refused: kill, tkill, tgkill, the sigqueue calls,
+# pidfd_send_signal; its own process included).
 # Threads stay allowed (clone with CLONE_THREAD; clone3 answers ENOSYS so the C library
 # falls back to clone). Unlike the audit hook below, lab code cannot get around it:
 # ``_posixsubprocess.fork_exec``, for one, raises no audit event, but it needs clone().
@@ -44,9 +46,12 @@ _NO_PROCESSES = {
     # machine: (AUDIT_ARCH, clone, clone3, syscalls refused with EPERM)
     "x86_64": (0xC000003E, 56, 435, {57: "fork", 58: "vfork", 59: "execve", 322: "execveat", 101: "ptrace",
                                      310: "process_vm_readv", 311: "process_vm_writev", 41: "socket",
-                                     62: "kill", 434: "pidfd_open"}),
+                                     62: "kill", 200: "tkill", 234: "tgkill", 129: "rt_sigqueueinfo",
+                                     297: "rt_tgsigqueueinfo", 424: "pidfd_send_signal", 434: "pidfd_open"}),
     "aarch64": (0xC00000B7, 220, 435, {221: "execve", 281: "execveat", 117: "ptrace", 270: "process_vm_readv",
-                                       271: "process_vm_writev", 198: "socket", 129: "kill", 434: "pidfd_open"}),
+                                       271: "process_vm_writev", 198: "socket", 129: "kill", 130: "tkill",
+                                       131: "tgkill", 138: "rt_sigqueueinfo", 240: "rt_tgsigqueueinfo",
+                                       424: "pidfd_send_signal", 434: "pidfd_open"}),
 }
 
 

@@ -246,6 +246,55 @@ def test_lab_code_cannot_start_processes_open_sockets_or_signal(lab):
     assert abs(lab.escape("scipy") - 0.5205) < 1e-4, "SciPy imports on demand, behind the wall"
 
 
+SIGNALS = """
+import ctypes, errno, os, signal, sys, time
+sys.path.insert(0, sys.argv[1])
+import labserver
+victim = os.fork()
+if victim == 0:  # lives a few seconds, holding none of the parent's pipes
+    os.close(1)
+    os.close(2)
+    time.sleep(5)
+    os._exit(0)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+nr = {"x86_64": {"tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129},
+      "aarch64": {"tkill": 130, "tgkill": 131, "rt_sigqueueinfo": 138}}[os.uname().machine]
+info = ctypes.create_string_buffer(bytes(8) + (-1).to_bytes(4, "little", signed=True), 128)  # si_code: SI_QUEUE
+def attempt():
+    out = []
+    try:
+        os.kill(victim, 0)
+        out.append("sent")
+    except OSError as exc:
+        out.append(errno.errorcode[exc.errno])
+    for name, args in (("tkill", (victim, 0)), ("tgkill", (victim, victim, 0)),
+                       ("rt_sigqueueinfo", (victim, 0, info))):
+        ctypes.set_errno(0)
+        r = libc.syscall(ctypes.c_long(nr[name]), *args)
+        out.append("sent" if r == 0 else errno.errorcode[ctypes.get_errno()])
+    return out
+before = attempt()
+walled = labserver._no_new_processes()
+after = attempt()
+print(" ".join(before), "|", " ".join(after) if walled else "no wall")
+"""
+
+
+@pytest.mark.skipif(os.uname().machine not in ("x86_64", "aarch64"), reason="the seccomp wall knows these machines")
+def test_the_kernel_wall_refuses_every_way_to_signal_another_process_without_the_audit_hook():
+    """kill, tkill, tgkill and rt_sigqueueinfo, through ctypes (which the audit hook would
+    refuse first): each reaches another process before the wall and none after it."""
+    run = subprocess.run([sys.executable, "-I", "-S", "-c", SIGNALS, str(runner.HERE)], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stderr[-2000:]
+    before, _, after = run.stdout.strip().partition(" | ")
+    assert before.split() == ["sent"] * 4, run.stdout
+    if after == "no wall":
+        pytest.skip("this kernel took no seccomp filter")
+    assert after.split() == ["EPERM"] * 4, run.stdout
+
+
 FENCE = """
 import errno, os, sys
 sys.path.insert(0, sys.argv[1])
