@@ -275,8 +275,11 @@ class Grader:
             return runner.RawRun(isolation=self.isolation)
         scratch = Path(tempfile.mkdtemp(prefix="grade-", dir=self.out_dir / ".scratch"))
         try:
-            shutil.copytree(self.cache / "kit", scratch / "kit",
-                            ignore=shutil.ignore_patterns(".complete", HYPOTHESIS_CONSTANTS))
+            kit = self.cache / "kit"
+            if self.isolation == "bwrap":  # it mounts the cached kit read-only here
+                (scratch / "kit").mkdir()
+            else:
+                shutil.copytree(kit, scratch / "kit", ignore=shutil.ignore_patterns(".complete", HYPOTHESIS_CONSTANTS))
             jobs = []
             for lab in runnable:
                 tree = scratch / "impl" / lab
@@ -294,7 +297,7 @@ class Grader:
                 for module, data in sub.files.get(lab, {}).items():
                     (d / f"{module}.py").write_bytes(data)
                 tests = [f"tests/{lab}"]
-                if (scratch / "kit" / HIDDEN_DIR / lab).is_dir():
+                if (kit / HIDDEN_DIR / lab).is_dir():
                     tests.append(f"{HIDDEN_DIR}/{lab}")
                 jobs.append({"lab": lab, "tests": tests})
             for p in (scratch / "impl").rglob("*"):
@@ -306,7 +309,7 @@ class Grader:
             scratch.chmod(0o755)
             module_labs = {m: name for name, mods in self.all_wanted.items() for m in mods}
             return runner.run(scratch, jobs, self.limits, slot=slot, mode=self.isolation, module_labs=module_labs,
-                              cpus=self.cpu_sets.get(slot))
+                              cpus=self.cpu_sets.get(slot), kit=kit)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 

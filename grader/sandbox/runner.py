@@ -253,8 +253,9 @@ class _LabProcesses:
     other end goes to the test process), reports its CPU time, ends it."""
 
     def __init__(self, scratch: Path, inside: Path, limits: Limits, mode: str, slot: int, env: dict,
-                 labs: dict[str, list[str]], cpus=None, zygote: bool = False):
+                 labs: dict[str, list[str]], cpus=None, zygote: bool = False, kit: Path | None = None):
         self.scratch, self.inside, self.limits, self.mode, self.env = scratch, inside, limits, mode, env
+        self.kit = kit or scratch / "kit"
         self.cpus = cpus
         self.labs = labs  # lab → the lab folders of its tree (earlier labs and itself)
         # As root, each lab's process is its own user, owner of its own tree alone: lab 03's
@@ -303,8 +304,8 @@ class _LabProcesses:
         inside, scratch = self.inside, self.scratch
         return ["--perms", "0755", "--dir", str(inside), "--perms", "0755", "--dir", str(inside / "kit"),
                 "--perms", "0755", "--dir", str(inside / "impl"),
-                "--ro-bind", str(scratch / "kit" / "gptkit"), str(inside / "kit" / "gptkit"),
-                "--ro-bind", str(scratch / "kit" / "_grader_labserver.py"),
+                "--ro-bind", str(self.kit / "gptkit"), str(inside / "kit" / "gptkit"),
+                "--ro-bind", str(self.kit / "_grader_labserver.py"),
                 str(inside / "kit" / "_grader_labserver.py"),
                 "--bind", str(scratch / "tmp"), str(inside / "tmp"),
                 "--bind", str(scratch / "swork"), str(inside / "swork")]
@@ -473,17 +474,20 @@ class _LabProcesses:
 
 
 def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode: str | None = None,
-        module_labs: dict[str, str] | None = None, cpus=None) -> RawRun:
+        module_labs: dict[str, str] | None = None, cpus=None, kit: Path | None = None) -> RawRun:
     """Run the planned lab jobs inside ``scratch`` (which holds ``kit/``, ``impl/``,
     ``work/``, ``tmp/``) and return every event the test process reported.
 
     Two kinds of process, each in its own sandbox: the test process (the kit's tests, the
     results pipe, no lab code) and, started on its request, a lab process per lab (the
-    submission's code, nothing else). ``cpus``: the cores that both may run on (when
+    submission's code, nothing else). ``kit``: under bubblewrap, the folder mounted
+    read-only as ``kit/`` (the grader's cached kit, which then needs no copy per
+    submission); otherwise ``scratch`` holds its copy. ``cpus``: the cores that both may run on (when
     submissions are graded side by side, each its own: the two processes take turns, and a
     request's answer then never waits for, or moves to, a core the other submission holds)."""
     mode = mode or isolation_mode()
     scratch = Path(scratch).resolve()
+    kit = Path(kit).resolve() if kit is not None and mode == "bwrap" else scratch / "kit"
     inside = Path(SANDBOX_ROOT) if mode == "bwrap" else scratch
     token = secrets.token_hex(16)
     r_fd, w_fd = os.pipe()
@@ -527,14 +531,15 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
     if root:
         # The lab process runs as another user: the tests, fixtures and hidden tests are
         # the test process's alone (bubblewrap does not even mount them for the lab process).
-        _chown_tree(scratch / "kit" / "tests", TEST_UID + slot)
-        (scratch / "kit" / "tests").chmod(0o700)
+        if kit == scratch / "kit":  # bubblewrap mounts no tests in the lab process's sandbox at all
+            _chown_tree(kit / "tests", TEST_UID + slot)
+            (kit / "tests").chmod(0o700)
         _chown_tree(scratch / "work", TEST_UID + slot)
         _chown_tree(scratch / "logs", TEST_UID + slot)
     cmd = [sys.executable, "-I", "-S", "-B", str(inside / "kit" / "_grader_boot.py"), str(inside / "plan.json")]
     drop_uid = None
     if mode == "bwrap":
-        mounts = ["--bind", str(scratch), SANDBOX_ROOT, "--ro-bind", str(scratch / "kit"), str(inside / "kit"),
+        mounts = ["--bind", str(scratch), SANDBOX_ROOT, "--ro-bind", str(kit), str(inside / "kit"),
                   "--tmpfs", str(inside / "impl"), "--tmpfs", str(inside / "swork")]
         cmd = _bwrap(roots, mounts, str(inside / "work"), TEST_UID + slot if root else None) + cmd
     elif root and can_drop_to():
@@ -542,7 +547,7 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
     labs = {j["lab"]: sorted(p.name for p in (scratch / "impl" / j["lab"]).iterdir() if p.is_dir())
             for j in jobs}
     children = _LabProcesses(scratch, inside, limits, mode, slot, lab_env, labs, cpus,
-                             zygote=USE_ZYGOTE and kernel_walls())
+                             zygote=USE_ZYGOTE and kernel_walls(), kit=kit)
     if children.drop:
         for lab, uid in children.uids.items():
             _chown_tree(scratch / "impl" / lab, uid)
