@@ -159,22 +159,19 @@ def _watch(pid, progress_r, todo, timeout, emit, protocol):
             time.sleep(0.02)
     read_progress()
     os.close(progress_r)
+    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
+    sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
     if timed_out is None and current is not None:  # the child ended in the middle of a lab
-        how = (f"exit code {os.WEXITSTATUS(status)}" if os.WIFEXITED(status) else
-               f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else "it vanished")
+        how = f"exit code {code}" if os.WIFEXITED(status) else f"signal {sig}" if sig else "it vanished"
         emit(protocol.LabCrash(current, f"the test process ended in the middle of the lab ({how})"))
     stop = timed_out or current
-    rest = todo[todo.index(stop) + 1:] if stop else [lab for lab in todo if lab not in ended]
-    rest = [lab for lab in rest if lab not in ended]
+    rest = [lab for lab in (todo[todo.index(stop) + 1:] if stop else todo) if lab not in ended]
     if rest and not started and timed_out is None:
         # It ended before running any lab (pytest could not start): another child would too.
         for lab in rest:
-            emit(protocol.LabEnd(lab, os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1,
-                                 os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0))
+            emit(protocol.LabEnd(lab, code, sig))
         return []
     return rest
-
-
 
 
 if __name__ == "__main__":

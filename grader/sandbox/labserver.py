@@ -531,13 +531,33 @@ def main():
 # only where the kernel has both walls; elsewhere each lab's process is started alone in
 # a sandbox of its own.
 
-def _proc_cpu(pid) -> float:
+def proc_cpu(pid) -> float | None:
+    """CPU seconds of a process and of its children it has reaped (``/proc/<pid>/stat``:
+    utime, stime, cutime, cstime); None when it is gone. The grader's count too."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
             fields = fh.read().rsplit(")", 1)[1].split()
         return sum(int(fields[i]) for i in (11, 12, 13, 14)) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
-        return 0.0
+        return None
+
+
+def end_process(pid, grace, kill) -> dict:
+    """Give a child of this process ``grace`` seconds to end by itself, else ``kill(pid)``
+    it, and reap it: its ``exit`` code (-1 if none), ``signal`` (0 if none), whether it was
+    ``ended_by_grader``, and its ``cpu`` seconds (rusage). Used by the zygote and the grader."""
+    deadline = time.monotonic() + grace
+    done = 0
+    while not done and time.monotonic() < deadline:
+        done, st, usage = os.wait4(pid, os.WNOHANG)
+        if not done:
+            time.sleep(0.01)
+    if not done:
+        kill(pid)
+        _, st, usage = os.wait4(pid, 0)
+    return {"exit": os.WEXITSTATUS(st) if os.WIFEXITED(st) else -1,
+            "signal": os.WTERMSIG(st) if os.WIFSIGNALED(st) else 0, "ended_by_grader": not done,
+            "cpu": usage.ru_utime + usage.ru_stime}
 
 
 def _zygote(ctl_fd, config_path):
@@ -584,25 +604,12 @@ def _zygote(ctl_fd, config_path):
                 reply = {"pid": pid}
             elif op == "cpu":
                 pid = int(req["pid"])
-                reply = {"cpu": cpu_at_end.get(pid) if pid in cpu_at_end else _proc_cpu(pid)}
+                reply = {"cpu": cpu_at_end[pid] if pid in cpu_at_end else proc_cpu(pid) or 0.0}
             elif op == "end":
                 pid = int(req["pid"])
-                deadline = time.monotonic() + min(2.0, float(req.get("grace", 0)))
-                done = 0
-                while not done and time.monotonic() < deadline:
-                    done, st, usage = os.wait4(pid, os.WNOHANG)
-                    if not done:
-                        time.sleep(0.01)
-                if not done:
-                    cpu = _proc_cpu(pid)
-                    os.kill(pid, signal.SIGKILL)
-                    _, st, usage = os.wait4(pid, 0)
-                else:
-                    cpu = 0.0
-                cpu = max(cpu, usage.ru_utime + usage.ru_stime)
-                cpu_at_end[pid] = cpu
-                reply = {"cpu": cpu, "exit": os.WEXITSTATUS(st) if os.WIFEXITED(st) else -1,
-                         "signal": os.WTERMSIG(st) if os.WIFSIGNALED(st) else 0, "ended_by_grader": not done}
+                before = proc_cpu(pid) or 0.0
+                reply = end_process(pid, min(2.0, float(req.get("grace", 0))), lambda p: os.kill(p, signal.SIGKILL))
+                reply["cpu"] = cpu_at_end[pid] = max(before, reply["cpu"])
             else:
                 reply = {"error": f"unknown request {op!r}"}
         except Exception as exc:  # noqa: BLE001 - the grader gets the reason

@@ -20,6 +20,7 @@ Isolation, strongest first:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import resource
@@ -35,7 +36,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grader.sandbox import protocol
+from grader.sandbox import labserver, protocol
 
 HERE = Path(__file__).resolve().parent
 SANDBOX_ROOT = "/sandbox"  # where the scratch folder appears inside bubblewrap
@@ -87,22 +88,20 @@ def isolation_mode() -> str:
     return "bwrap" if probe.returncode == 0 else "rlimits"
 
 
-_walls: list[bool] = []
 USE_ZYGOTE = True  # tests turn it off to attack the other way of starting lab processes
 
 
+@functools.cache
 def kernel_walls() -> bool:
     """Whether the lab process's two kernel walls (the seccomp filter and the Landlock
     fence) both hold on this machine: then one zygote per submission forks the labs'
     processes (``labserver.py``), each fenced to its own lab's tree by the kernel."""
-    if not _walls:
-        try:
-            probe = subprocess.run([sys.executable, "-I", "-S", "-B", str(HERE / "labserver.py"), "--walls"],
-                                   capture_output=True, timeout=60)
-            _walls.append(probe.returncode == 0)
-        except (OSError, subprocess.SubprocessError):
-            _walls.append(False)
-    return _walls[0]
+    try:
+        probe = subprocess.run([sys.executable, "-I", "-S", "-B", str(HERE / "labserver.py"), "--walls"],
+                               capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return probe.returncode == 0
 
 
 _dropping: dict[int, bool] = {}
@@ -215,9 +214,6 @@ def _chown_tree(path: Path, uid: int) -> None:
             os.chown(os.path.join(dirpath, f), uid, uid)
 
 
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
 def _tree_cpu(pid: int) -> float:
     """CPU seconds of a live process and its descendants (its reaped children included)."""
     total, todo, seen = 0.0, [pid], set()
@@ -226,14 +222,15 @@ def _tree_cpu(pid: int) -> float:
         if p in seen:
             continue
         seen.add(p)
+        cpu = labserver.proc_cpu(p)
+        if cpu is None:
+            continue
+        total += cpu
         try:
-            with open(f"/proc/{p}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-            total += sum(int(fields[i]) for i in (11, 12, 13, 14)) / _TICK  # utime stime cutime cstime
             for tid in os.listdir(f"/proc/{p}/task"):
                 with open(f"/proc/{p}/task/{tid}/children") as fh:
                     todo += [int(c) for c in fh.read().split()]
-        except (OSError, ValueError, IndexError):
+        except (OSError, ValueError):
             continue
     return total
 
@@ -432,28 +429,20 @@ class _LabProcesses:
                 p.status = {"exit": -1, "signal": 0}
         if not p.status:
             p.cpu = _tree_cpu(p.proc.pid)
-            deadline = time.monotonic() + grace
-            done = 0
-            while not done and time.monotonic() < deadline:
-                done, st, usage = os.wait4(p.proc.pid, os.WNOHANG)
-                if not done:
-                    time.sleep(0.01)
             try:
-                if not done:
-                    os.killpg(p.proc.pid, signal.SIGKILL)
-                    _, st, usage = os.wait4(p.proc.pid, 0)
-                else:
+                end = labserver.end_process(p.proc.pid, grace, lambda pid: os.killpg(pid, signal.SIGKILL))
+            except ChildProcessError:
+                p.status = {"exit": -1, "signal": 0}
+            else:
+                if not end["ended_by_grader"]:
                     try:
                         os.killpg(p.proc.pid, signal.SIGKILL)  # anything it left behind
                     except OSError:
                         pass
-                p.proc.returncode = st
-                p.cpu = max(p.cpu, usage.ru_utime + usage.ru_stime)
+                p.proc.returncode = end["exit"] if end["exit"] >= 0 else -end["signal"]
                 # (killed by us: SIGKILL; a process that ended by itself shows its own status)
-                p.status = {"exit": os.WEXITSTATUS(st) if os.WIFEXITED(st) else -1,
-                            "signal": os.WTERMSIG(st) if os.WIFSIGNALED(st) else 0, "ended_by_grader": not done}
-            except ChildProcessError:
-                p.status = {"exit": -1, "signal": 0}
+                p.cpu = max(p.cpu, end.pop("cpu"))
+                p.status = end
         return {"cpu": p.cpu, **p.status}
 
     def stop_all(self) -> None:
