@@ -16,9 +16,9 @@ heads, H_kv key/value heads, d = D / H per head, F ``d_ff``, V vocabulary size, 
 in its sequence, which is not its index in this call's input once a cache holds the
 earlier tokens.
 
-Weights: every ``Linear`` stores ``(in, out)`` as in labs 03–04. HuggingFace's Llama uses
-``torch.nn.Linear``, which stores ``(out, in)``: loading a checkpoint transposes each
-projection (and an untied ``lm_head``).
+Weights: every ``Linear`` weight has shape ``(in, out)`` as in labs 03–04. HuggingFace's
+Llama uses ``torch.nn.Linear``, whose weight is ``(out, in)``: loading a checkpoint
+transposes each projection (and an untied ``lm_head``).
 """
 
 from __future__ import annotations
@@ -33,6 +33,22 @@ from generation import KVCache, sample_next
 from gpt2_weights import checkpoint_file, decode_tensor, parse_header, read_config_json
 from gptkit import Layer, as_float_array, check_last_dim, check_length, check_ndim, make_rng, state_diff
 from layers import Linear
+
+
+def projection(d_in: int, d_out: int, rng: np.random.Generator) -> Linear:
+    """A Linear d_in → d_out without bias, for every projection of the Llama.
+
+    Its weight has shape (d_in, d_out) like any Linear's, but sits in memory as
+    torch.nn.Linear's (d_out, d_in) does, row after row (NumPy's Fortran order), so
+    loading a checkpoint copies its bytes in order.
+    """
+    # Speed: with one token per step, x @ weight is a matrix-vector product that reads the
+    # weight once. Measured with OpenBLAS on 2 cores and 2 threads, it reads this layout at
+    # 1.2–2× the speed of the (d_in, d_out) one for the Llama's shapes, and decoding gains
+    # about 20% (benchmarks/bench_llama.py); on one thread the other layout is ~5% faster.
+    layer = Linear(d_in, d_out, bias=False, rng=rng)
+    layer.weight = np.asfortranarray(layer.weight)
+    return layer
 
 
 # -- RMSNorm -----------------------------------------------------------------------------------
@@ -77,9 +93,9 @@ class SwiGLU(Layer):
 
     def __init__(self, d_model: int, d_ff: int, *, rng: np.random.Generator | None = None):
         rng = make_rng(rng)
-        self.gate_proj = Linear(d_model, d_ff, bias=False, rng=rng)
-        self.up_proj = Linear(d_model, d_ff, bias=False, rng=rng)
-        self.down_proj = Linear(d_ff, d_model, bias=False, rng=rng)
+        self.gate_proj = projection(d_model, d_ff, rng)
+        self.up_proj = projection(d_model, d_ff, rng)
+        self.down_proj = projection(d_ff, d_model, rng)
 
     def forward(self, x: np.ndarray) -> np.ndarray:
         """x (..., D) → (..., D)."""
@@ -243,10 +259,10 @@ class LlamaAttention(Layer):
         self.rope_theta = float(rope_theta)
         rng = make_rng(rng)
         kv = self.num_kv_heads * self.d_head
-        self.q_proj = Linear(d_model, d_model, bias=False, rng=rng)
-        self.k_proj = Linear(d_model, kv, bias=False, rng=rng)
-        self.v_proj = Linear(d_model, kv, bias=False, rng=rng)
-        self.o_proj = Linear(d_model, d_model, bias=False, rng=rng)
+        self.q_proj = projection(d_model, d_model, rng)
+        self.k_proj = projection(d_model, kv, rng)
+        self.v_proj = projection(d_model, kv, rng)
+        self.o_proj = projection(d_model, d_model, rng)
 
     def split_heads(self, x: np.ndarray) -> np.ndarray:
         """(B, T, n·d) → (B, n, T, d) for any number of heads n."""
@@ -343,7 +359,7 @@ class LlamaModel(Layer):
         self.layers = [LlamaBlock(d_model, num_heads, num_kv_heads, d_ff, rms_norm_eps, rope_theta, rng=rng)
                        for _ in range(check_length(num_layers, "num_layers"))]
         self.norm = RMSNorm(d_model, rms_norm_eps)
-        self.lm_head = None if self.tie_word_embeddings else Linear(d_model, vocab_size, bias=False, rng=rng)
+        self.lm_head = None if self.tie_word_embeddings else projection(d_model, vocab_size, rng)
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Final hidden states (B, T, D), already normalised, → logits (B, T, V)."""
@@ -397,9 +413,9 @@ def model_name(name: str) -> str | None:
 def to_model_layout(name: str, array: np.ndarray) -> np.ndarray:
     """A checkpoint tensor (HuggingFace's layout) in LlamaModel's layout.
 
-    ``torch.nn.Linear`` stores its weight (out, in); our ``Linear`` (in, out). So every
-    projection (``…_proj.weight``) and ``lm_head.weight`` is transposed (as a contiguous
-    array); embeddings and RMSNorm gains are not.
+    ``torch.nn.Linear``'s weight has shape (out, in); our ``Linear``'s (in, out). So every
+    projection (``…_proj.weight``) and ``lm_head.weight`` is transposed (a view is enough:
+    loading copies it); embeddings and RMSNorm gains are not.
     """
     # YOUR CODE HERE
     raise NotImplementedError('Lab 08 · to_model_layout: transpose the Linear weights (q/k/v/o, gate/up/down, lm_head); everything else as stored')
