@@ -64,15 +64,18 @@ def gelu(x: np.ndarray) -> np.ndarray:
     x = as_float_array(x, "x")
     ### BEGIN SOLUTION the tanh form, with Python-float constants so float32 stays float32
     c = math.sqrt(2.0 / math.pi)
-    # Speed: x is the model's largest activation, (B, T, 4D). The lines below fill one new
-    # array in place (out=, +=, *=); the same formula in one expression makes a fresh array
-    # per operation and ran 1.5x slower at T = 1024.
-    y = x + 0.044715 * x * x * x  # x + 0.044715·x³, shape of x (NumPy reuses the temporaries)
-    np.tanh(np.multiply(c, y, out=y), out=y)  # tanh(√(2/π)·(x + 0.044715·x³))
-    y += 1.0
-    y *= x
-    y *= 0.5  # 0.5·x·(1 + tanh(…))
-    return y
+    # Speed: 0.5·(1 + tanh u) = 1 / (1 + e^(−2u)), the same function, and NumPy's exp is
+    # about twice as fast as its tanh. x is the model's largest activation, (B, T, 4D): the
+    # lines below fill one new array in place (out=, +=, *=); one expression would make a
+    # fresh array per operation (1.5x slower at T = 1024).
+    z = x * x
+    z *= -0.044715 * 2 * c
+    z -= 2 * c
+    z *= x  # −2u = −2·√(2/π)·(x + 0.044715·x³)
+    np.minimum(z, 88.0, out=z)  # e^88 still fits in float32; there gelu(x) is 0 to float32's precision
+    np.exp(z, out=z)
+    z += 1.0
+    return np.divide(x, z, out=z)  # x / (1 + e^(−2u)) = 0.5·x·(1 + tanh u)
     ### END SOLUTION
 
 

@@ -81,24 +81,25 @@ def gelu_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
     """
     ### BEGIN SOLUTION differentiate the tanh form (not the erf form) by the chain rule
     c, a = math.sqrt(2.0 / math.pi), 0.044715
-    # In a few buffers, as lab 03's gelu: these arrays are (B·T, 4D), and a fresh array per
-    # operation costs more than the arithmetic. 15 passes over the data: two fewer than the
-    # straightforward order, 20% less time.
+    # With σ = 0.5·(1 + tanh u) = 1 / (1 + e^(−2u)), 1 − tanh² u = 4σ(1 − σ), so
+    # gelu'(x) = σ + 2c·x·(1 + 3a·x²)·σ·(1 − σ): the same value, from exp, which NumPy
+    # computes about twice as fast as tanh. In a few buffers, as lab 03's gelu: these arrays
+    # are (B·T, 4D), and a fresh array per operation costs more than the arithmetic.
     x2 = x * x
-    t = x2 * (a * c)
-    t += c
-    t *= x  # u = c·(x + a·x³)
-    np.tanh(t, out=t)  # tanh u
+    sigma = x2 * (-2.0 * a * c)
+    sigma -= 2.0 * c
+    sigma *= x  # −2u
+    np.minimum(sigma, 88.0, out=sigma)  # no float32 overflow in exp; σ is 0 to float32's precision there
+    np.exp(sigma, out=sigma)
+    sigma += 1.0
+    np.divide(1.0, sigma, out=sigma)  # σ
     slope = x2  # x² is not needed again: its buffer becomes the result
-    slope *= 1.5 * a * c
-    slope += 0.5 * c
-    slope *= x  # 0.5·x·c·(1 + 3a·x²)
-    sech2 = t * t
-    np.subtract(1.0, sech2, out=sech2)  # 1 − tanh² u
-    slope *= sech2
-    slope += 0.5
-    t *= 0.5
-    slope += t  # + 0.5·(1 + tanh u)
+    slope *= 3.0 * a * 2.0 * c
+    slope += 2.0 * c
+    slope *= x  # 2c·x·(1 + 3a·x²)
+    slope *= sigma
+    slope *= 1.0 - sigma
+    slope += sigma
     slope *= dout
     return slope
     ### END SOLUTION
@@ -342,11 +343,13 @@ def gpt_backward(model: GPTModel, cache: dict, dlogits: np.ndarray) -> dict[str,
         dx = dx + d
     dx = dropout_backward(dx, cache["emb_keep"], model.drop.p)
     token_ids = cache["token_ids"]
-    B, T = token_ids.shape
+    T = token_ids.shape[1]
     dwte_embedding = embedding_backward(dx, token_ids, model.vocab_size)
     grads["wte.weight"] = dwte_embedding + dwte_head  # the tied weight: both uses add up
-    positions = np.broadcast_to(np.arange(T), (B, T))
-    grads["wpe.weight"] = embedding_backward(dx, positions, model.max_seq_len)
+    # Every row of the batch used positions 0 … T−1: the position table's gradient is dx
+    # summed over the batch (embedding_backward with those positions gives the same, slower).
+    grads["wpe.weight"] = np.zeros_like(model.wpe.weight)
+    grads["wpe.weight"][:T] = dx.sum(axis=0)
     return grads
     ### END SOLUTION
 
@@ -411,10 +414,15 @@ class AdamW:
             m *= b1
             m += (1.0 - b1) * g
             v *= b2
-            v += (1.0 - b2) * (g * g)
-            denom = np.sqrt(v / bias2)
-            denom += eps  # eps outside the square root
-            p -= (lr / bias1) * m / denom
+            g2 = g * g
+            g2 *= 1.0 - b2
+            v += g2
+            step = np.sqrt(v)  # √v̂ = √v / √(1 − β₂ᵗ), in PyTorch's order
+            step /= math.sqrt(bias2)
+            step += eps  # eps outside the square root
+            np.divide(m, step, out=step)
+            step *= lr / bias1  # m̂ = m / (1 − β₁ᵗ)
+            p -= step
         ### END SOLUTION
 
 
