@@ -15,15 +15,15 @@ into both the reference ``GPTModel`` (solutions/) and HuggingFace's ``GPT2LMHead
 NumPy's BLAS and PyTorch use the same number of threads (``--threads``, default: every
 core), set before either library is imported. Each timing is the best of ``--repeats``
 runs after a warm-up run (NumPy without a cache: one run after its warm-up), the runs
-taking turns so that other work on the machine weighs on all of them alike. A time
+taking turns so that other work on the machine weighs on all of them alike, each after
+0.2 s of idle so that no run inherits another library's spinning threads. A time
 includes the prompt's forward pass; tokens/s = new tokens ÷ seconds.
 
 The bound: decoding one token reads every weight once (the embedding tables aside: one
 row each, but the token embedding is read whole as the tied output head), so tokens/s
 can be at most (memory bandwidth ÷ those bytes). The bandwidth is measured here, in the
 same run, with the same threads and in turn with the decoders, as the speed of a 512 MB
-float32 matrix-vector product ``W @ x``; the other orientation, ``x @ W``, is printed
-beside it.
+float32 matrix-vector product, the faster of ``W @ x`` and ``x @ W``.
 
 Targets: NumPy with cache ≥ 1.1× HuggingFace, ≥ 80% of the bound, ≥ 5× NumPy without
 a cache. This script prints; it asserts nothing.
@@ -59,7 +59,7 @@ def main() -> None:
         "NumPy, no cache": (lambda: generation.generate(model, prompt, n, temperature=0, use_cache=False), 1),
         "HuggingFace generate()": (common.hf_greedy(hf, prompt, n), args.repeats),
         **common.bandwidth_runs(args.repeats)})
-    speed, bound, _ = common.print_speeds_and_bound(times, n, read_per_token, "every parameter but the position table")
+    speed, bound = common.print_speeds_and_bound(times, n, read_per_token, "every parameter but the position table")
     ours = speed["NumPy + KV cache"]
     common.print_target("NumPy + cache ÷ HuggingFace", ours / speed["HuggingFace generate()"], 1.1, 38)
     common.print_target("NumPy + cache ÷ bound", ours / bound, 0.8, 38, percent=True)

@@ -124,18 +124,26 @@ def hf_greedy(hf, prompt, n: int):
     return generate
 
 
+PAUSE = 0.2  # seconds of idle before each timed call (see time_runs)
+
+
 def time_runs(runs: dict) -> tuple[dict, dict]:
     """``{name: (fn, repeats)}`` → (``{name: fastest time}``, ``{name: what fn returned}``).
 
     Each fn runs once untimed, then the runs take turns (one call each per round, for as
     many rounds as its repeats), so that a change in the machine's load falls on all of
-    them alike rather than on whichever ran at that moment."""
+    them alike rather than on whichever ran at that moment. Each timed call starts after
+    ``PAUSE`` seconds of idle: PyTorch's worker threads keep spinning for tens of
+    milliseconds after its parallel work, and whatever ran next lost up to a quarter of
+    its bandwidth to them (measured on 2 cores: the 512 MB mat-vec right after PyTorch
+    products 25–28 GB/s, after 50 ms of idle 33–34)."""
     times, outputs = {}, {}
     for name, (fn, _) in runs.items():
         fn()
     for round_ in range(max(repeats for _, repeats in runs.values())):
         for name, (fn, repeats) in runs.items():
             if round_ < repeats:
+                time.sleep(PAUSE)
                 start = time.perf_counter()
                 out = fn()
                 times[name] = min(times.get(name, float("inf")), time.perf_counter() - start)
@@ -160,7 +168,8 @@ PROBE = "mat-vec "  # the names of the bandwidth runs in time_runs' results
 
 def bandwidth_runs(repeats: int) -> dict:
     """Runs for ``time_runs`` that measure the memory bandwidth beside the decoders: W @ x
-    and x @ W for a 512 MB float32 W (16384 × 8192), read once per product."""
+    and x @ W for a 512 MB float32 W (16384 × 8192), read once per product (OpenBLAS reads
+    the two orientations with different kernels, and either may be the faster)."""
     import numpy as np
 
     rng = np.random.default_rng(0)
@@ -171,23 +180,23 @@ def bandwidth_runs(repeats: int) -> dict:
             PROBE + "x @ W": (lambda: x_left @ W, max(3, repeats))}
 
 
-def print_speeds_and_bound(times: dict, n: int, read_per_token: int, what: str) -> tuple[dict, float, float]:
+def print_speeds_and_bound(times: dict, n: int, read_per_token: int, what: str) -> tuple[dict, float]:
     """The table of speeds (``print_speeds``), then the bound on tokens/s when a token reads
-    ``read_per_token`` bytes (``what`` they are), from the mat-vec bandwidth in both
-    orientations (the ``bandwidth_runs`` timed among ``times``); returns (tokens/s, bound
-    from W @ x, bound from x @ W)."""
+    ``read_per_token`` bytes (``what`` they are), from the memory bandwidth: the faster of
+    the two mat-vec orientations (the ``bandwidth_runs`` timed among ``times``), since
+    either one reaching it shows the memory can deliver it. Returns (tokens/s, bound)."""
     probe_bytes = 16384 * 8192 * 4
-    gb_s, gb_s_left = (probe_bytes / times.pop(PROBE + k) / 1e9 for k in ("W @ x", "x @ W"))
+    rates = {k: probe_bytes / times.pop(PROBE + k) / 1e9 for k in ("W @ x", "x @ W")}
+    gb_s = max(rates.values())
     speed = print_speeds(times, n)
-    bound, bound_left = gb_s * 1e9 / read_per_token, gb_s_left * 1e9 / read_per_token
+    bound = gb_s * 1e9 / read_per_token
     print()
     print(f"weights read per token: {read_per_token / 1e6:.0f} MB ({what}, float32)")
-    print(f"mat-vec bandwidth, 512 MB float32, timed in turn with the runs above: W @ x {gb_s:.1f} GB/s "
-          f"(x @ W: {gb_s_left:.1f} GB/s)")
-    print(f"bound: {gb_s:.1f} GB/s ÷ {read_per_token / 1e6:.0f} MB = {bound:.1f} tokens/s "
-          f"(from x @ W: {bound_left:.1f})")
+    print("mat-vec bandwidth, 512 MB float32, timed in turn with the runs above: "
+          + ", ".join(f"{k} {v:.1f} GB/s" for k, v in rates.items()))
+    print(f"bound: {gb_s:.1f} GB/s (the faster) ÷ {read_per_token / 1e6:.0f} MB = {bound:.1f} tokens/s")
     print()
-    return speed, bound, bound_left
+    return speed, bound
 
 
 def print_target(name: str, value: float, target: float, width: int, percent: bool = False) -> None:
