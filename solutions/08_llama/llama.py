@@ -46,7 +46,7 @@ def projection(d_in: int, d_out: int, rng: np.random.Generator) -> Linear:
     # 1.2–2× the speed of the (d_in, d_out) one for the Llama's shapes, and decoding gains
     # about 20% (benchmarks/bench_llama.py); on one thread the other layout is ~5% faster.
     layer = Linear(d_in, d_out, bias=False, rng=rng)
-    layer.weight = np.asfortranarray(layer.weight)
+    layer.weight = np.asarray(layer.weight, order="F")
     return layer
 
 
