@@ -21,7 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def set_threads(argv: list[str]) -> int:
-    """The thread count (``--threads N``, default: every core), set for BLAS before NumPy loads."""
+    """The thread count (``--threads N``, default: every core), set for BLAS before NumPy
+    loads. Every benchmark calls this first, so it also sets up the process's memory as
+    the kit's commands do (``gptkit.command.keep_freed_memory``), for NumPy and PyTorch alike."""
     n = os.cpu_count() or 1
     if "--threads" in argv:
         n = int(argv[argv.index("--threads") + 1])
@@ -29,6 +31,10 @@ def set_threads(argv: list[str]) -> int:
         raise RuntimeError("benchmarks.common.set_threads must run before numpy is imported")
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(n)
+    sys.path.insert(0, str(ROOT))
+    from gptkit.command import keep_freed_memory
+
+    keep_freed_memory()
     return n
 
 
