@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the kit's packages (gptkit), whatever the working directory
 
 
 def set_threads(argv: list[str]) -> int:
@@ -31,8 +32,7 @@ def set_threads(argv: list[str]) -> int:
         raise RuntimeError("benchmarks.common.set_threads must run before numpy is imported")
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(n)
-    sys.path.insert(0, str(ROOT))
-    from gptkit.command import keep_freed_memory
+    from gptkit.command import keep_freed_memory  # imports NumPy: after the variables above
 
     keep_freed_memory()
     return n
@@ -52,7 +52,6 @@ def machine() -> str:
 
 def use_reference_solutions() -> None:
     """Make the reference labs importable by module name (``import gpt``)."""
-    sys.path.insert(0, str(ROOT))
     from gptkit.testing.layout import bind_tree
 
     bind_tree(ROOT / "solutions")

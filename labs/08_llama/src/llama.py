@@ -45,7 +45,7 @@ def projection(d_in: int, d_out: int, rng: np.random.Generator) -> Linear:
     # Speed: with one token per step, x @ weight is a matrix-vector product that reads the
     # weight once. Measured with OpenBLAS on 2 cores and 2 threads, it reads this layout at
     # 1.2–2× the speed of the (d_in, d_out) one for the Llama's shapes, and decoding gains
-    # about 20% (benchmarks/bench_llama.py); on one thread the other layout is ~5% faster.
+    # about 20% (benchmarks/bench_llama.py); on one thread the other layout is ~6% faster.
     layer = Linear(d_in, d_out, bias=False, rng=rng)
     layer.weight = np.asarray(layer.weight, order="F")
     return layer
