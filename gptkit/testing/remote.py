@@ -15,6 +15,7 @@ wall-clock backstop, far above the budget, catches lab code that only sleeps.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import select
@@ -55,6 +56,7 @@ ERRORS = {cls.__name__: cls for cls in (
 
 MAX_RESTARTS = 5  # after this many deaths of the lab process in one lab, stop starting it again
 _active: "Remote | None" = None
+_requests = itertools.count(1)  # this process's requests to the grader, numbered (Remote._host)
 
 
 def active() -> "Remote | None":
@@ -157,14 +159,20 @@ class Remote:
 
     # -- the grader (host) --------------------------------------------------------------------
     def _host(self, msg: dict, fds: int = 0):
-        self.ctl.sendall(json.dumps(msg).encode())
-        if fds:
-            data, got, _, _ = socket.recv_fds(self.ctl, 65536, fds)
-        else:
-            data, got = self.ctl.recv(65536), []
-        if not data:
-            raise LabProcessDied("the grader stopped answering")
-        reply = json.loads(data)
+        # Every test process of a submission shares this control connection. One the grader
+        # killed (its lab ran past its time) may have left a reply to its last request
+        # unread: replies echo their request's id, and one for another request is dropped.
+        ident = f"{os.getpid()}:{next(_requests)}"
+        self.ctl.sendall(json.dumps({**msg, "id": ident}).encode())
+        while True:
+            data, got, _, _ = socket.recv_fds(self.ctl, 65536, max(fds, 1))
+            if not data:
+                raise LabProcessDied("the grader stopped answering")
+            reply = json.loads(data)
+            if reply.get("id") == ident:
+                break
+            for fd in got:
+                os.close(fd)
         if "error" in reply:
             for fd in got:
                 socket.socket(fileno=fd).close()

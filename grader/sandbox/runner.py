@@ -275,7 +275,7 @@ class _LabProcesses:
                 return
             if not data:
                 return
-            fds = []
+            fds, req = [], {}
             try:
                 req = json.loads(data)
                 op = req.get("op")
@@ -289,6 +289,8 @@ class _LabProcesses:
                     reply = {"error": f"unknown request {op!r}"}
             except Exception as exc:  # noqa: BLE001 - the test process gets the reason
                 reply = {"error": f"the grader could not do that: {type(exc).__name__}: {exc}"}
+            if isinstance(req, dict):
+                reply["id"] = req.get("id")  # the test process matches the reply to its request
             try:
                 socket.send_fds(sock, [json.dumps(reply).encode()], [f.fileno() for f in fds])
             except OSError:

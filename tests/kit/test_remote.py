@@ -156,6 +156,7 @@ class FakeGrader:
                 p.wait()
                 reply = {"cpu": cpu, "exit": p.returncode if p.returncode >= 0 else -1,
                          "signal": -p.returncode if p.returncode < 0 else 0}
+            reply["id"] = req.get("id")
             socket.send_fds(self.ours, [json.dumps(reply).encode()], [f.fileno() for f in fds])
             for f in fds:
                 f.close()
@@ -228,6 +229,30 @@ def test_a_dying_process_is_started_again(lab):
         lab.fail("exit")
     r = remote.active()
     assert r.module("labmod").identity(5) == 5
+
+
+def test_a_reply_left_by_a_killed_test_process_is_not_taken_for_the_next_ones():
+    """The test processes of a submission share one control connection to the grader. One
+    killed mid-request (its lab ran past its time) leaves the grader's reply unread; the
+    next test process must take the reply to its own request, not that one."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    r = remote.Remote(theirs.fileno(), 1.0, 20.0, {}, "00_test")
+    ours.send(json.dumps({"cpu": 7.0, "id": "a killed process's request"}).encode())
+
+    def answer():
+        req = json.loads(ours.recv(65536))
+        ours.send(json.dumps({"cpu": 1.5, "id": req["id"]}).encode())
+
+    server = threading.Thread(target=answer)
+    server.start()
+    r.sid = 1
+    try:
+        assert r._cpu() == 1.5, "the reply to another (killed) process's request was taken for this one's"
+    finally:
+        server.join(5)
+        r.ctl.close()
+        ours.close()
+        theirs.close()
 
 
 def test_cpu_budget(lab):
