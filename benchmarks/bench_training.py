@@ -9,8 +9,11 @@ cosine decay to 1e-4, AdamW (betas 0.9/0.99, weight decay 0.1), clipping at 1.0,
 dropout. Both start from the same weights and see the same batches (drawn by lab 07's
 ``get_batch`` from a generator seeded with (seed, step)); PyTorch's dropout is set to 0.
 
-The two alternate in chunks of ``--eval-every`` steps, so a change in the machine's load
-falls on both. Tokens/s counts the training steps alone (forward, backward, clipping,
+With more than one thread NumPy trains twice: lab 07's ``train_step`` as it is (BLAS on
+N threads, everything else on one core), and the kit trainer's data-parallel step
+(``gptkit.parallel``: the batch's rows in N shards on N threads, one BLAS thread each),
+each from the same start. The contestants alternate in chunks of ``--eval-every`` steps,
+each chunk after ``common.PAUSE`` of idle, so a change in the machine's load falls on all. Tokens/s counts the training steps alone (forward, backward, clipping,
 optimizer), not batch drawing or evaluation. Every ``--eval-every`` steps both report the
 validation loss on the same fixed validation batches.
 """
@@ -48,6 +51,7 @@ def main() -> None:
     import training as tr
 
     from gptkit.checkpoints import GPT2Shape, hf_model
+    from gptkit.parallel import DataParallel
 
     text = (common.ROOT / "labs" / "07_training" / "data" / "shakespeare.txt").read_text()
     tok = tr.CharTokenizer(text)
@@ -61,6 +65,11 @@ def main() -> None:
             module.p = 0.0
     opt_kw = dict(lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1)
     opt = tr.AdamW(model, **opt_kw)
+    contestants = [("NumPy", model, opt, tr.train_step)]
+    if THREADS > 1:
+        sharded = gpt.GPTModel(**shape.model_kwargs(), rng=np.random.default_rng(args.seed)).train()
+        contestants.append(("NumPy shards", sharded, tr.AdamW(sharded, **opt_kw),
+                            DataParallel(tr, THREADS).train_step))
     topt = torch.optim.AdamW(hf.parameters(), **opt_kw, eps=1e-8)
 
     def schedule(step):
@@ -69,12 +78,12 @@ def main() -> None:
     def batch(step):
         return tr.get_batch(train, B, T, np.random.default_rng([args.seed, step]))
 
-    def numpy_steps(lo, hi):
+    def numpy_steps(lo, hi, model, opt, train_step):
         spent = 0.0
         for step in range(lo, hi):
             x, y = batch(step)
             t0 = time.perf_counter()
-            tr.train_step(model, opt, x, y, lr=schedule(step), max_norm=1.0)
+            train_step(model, opt, x, y, lr=schedule(step), max_norm=1.0)
             spent += time.perf_counter() - t0
         return spent
 
@@ -94,8 +103,8 @@ def main() -> None:
         return spent
 
     def val_losses():
-        ours = tr.estimate_loss(model, val, batch_size=B, block_size=T, iters=args.eval_iters,
-                                rng=np.random.default_rng(args.seed + 1))
+        ours = [tr.estimate_loss(m, val, batch_size=B, block_size=T, iters=args.eval_iters,
+                                 rng=np.random.default_rng(args.seed + 1)) for _, m, _, _ in contestants]
         rng, total = np.random.default_rng(args.seed + 1), 0.0
         hf.eval()
         with torch.no_grad():
@@ -104,25 +113,33 @@ def main() -> None:
                 logits = hf(torch.from_numpy(x)).logits
                 total += F.cross_entropy(logits.reshape(-1, shape.vocab_size), torch.from_numpy(y).reshape(-1)).item()
         hf.train()
-        return ours, total / args.eval_iters
+        return ours + [total / args.eval_iters]
 
     print(f"machine: {common.machine()}; {THREADS} thread(s) for NumPy's BLAS and PyTorch; NumPy {np.__version__}, "
           f"PyTorch {torch.__version__}")
     print(f"model: {model.num_parameters() / 1e6:.2f}M parameters, batch {B}, context {T}, {steps} steps")
-    print(f"{'step':>5} {'NumPy val':>10} {'PyTorch val':>12} {'NumPy tok/s':>12} {'PyTorch tok/s':>14}")
-    t_np = t_pt = 0.0
+    names = [name for name, *_ in contestants] + ["PyTorch"]
+    print(f"{'step':>5} " + " ".join(f"{n + ' val':>{max(len(n) + 4, 10)}}" for n in names) + " "
+          + " ".join(f"{n + ' tok/s':>{max(len(n) + 6, 12)}}" for n in names))
+    spent = [0.0] * len(names)
     done = 0
     while done < steps:
         nxt = min(done + args.eval_every, steps)
-        a, b = numpy_steps(done, nxt), torch_steps(done, nxt)
-        t_np, t_pt = t_np + a, t_pt + b
+        chunk_s = []
+        for _, m, o, step_fn in contestants:
+            time.sleep(common.PAUSE)
+            chunk_s.append(numpy_steps(done, nxt, m, o, step_fn))
+        time.sleep(common.PAUSE)
+        chunk_s.append(torch_steps(done, nxt))
+        spent = [a + b for a, b in zip(spent, chunk_s)]
+        tokens = B * T * (nxt - done)
         done = nxt
-        v_np, v_pt = val_losses()
-        chunk = B * T * (args.eval_every if nxt % args.eval_every == 0 else nxt % args.eval_every)
-        print(f"{done:>5} {v_np:>10.4f} {v_pt:>12.4f} {chunk / a:>12,.0f} {chunk / b:>14,.0f}", flush=True)
+        print(f"{done:>5} " + " ".join(f"{v:>{max(len(n) + 4, 10)}.4f}" for n, v in zip(names, val_losses())) + " "
+              + " ".join(f"{tokens / t:>{max(len(n) + 6, 12)},.0f}" for n, t in zip(names, chunk_s)), flush=True)
     total = B * T * steps
-    print(f"overall: NumPy {total / t_np:,.0f} tokens/s ({t_np:.0f} s), PyTorch {total / t_pt:,.0f} tokens/s "
-          f"({t_pt:.0f} s): NumPy ÷ PyTorch time {t_np / t_pt:.2f}")
+    print("overall: " + ", ".join(f"{n} {total / t:,.0f} tokens/s ({t:.0f} s)" for n, t in zip(names, spent)))
+    for n, t in zip(names[:-1], spent[:-1]):
+        print(f"{n} ÷ PyTorch time: {t / spent[-1]:.2f}")
 
 
 if __name__ == "__main__":

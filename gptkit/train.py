@@ -17,7 +17,13 @@ batches each time) and writes a checkpoint to ``--out``: ``model.safetensors`` a
 with (seed, step), so a resumed run sees the batches an uninterrupted one would have.
 With matplotlib installed (``uv sync --extra plot``) it also draws ``loss.png``.
 
-BLAS threads are set by the environment (``OMP_NUM_THREADS=2 uv run python -m …``).
+Threads: the environment sets NumPy's BLAS threads (``OMP_NUM_THREADS=2 uv run python -m
+…``), and with more than one the trainer splits each batch by rows into that many shards,
+run at once on threads with one BLAS thread each (``--workers`` sets the count; 1 runs
+lab 07's ``train_step`` as it is). The shards' gradients are averaged, so the step is the
+same up to float rounding, and faster: NumPy's elementwise work runs on one core per call,
+and shards use them all (``gptkit.parallel``). Before the first step it checks that your
+code gives the same gradients as shards as in one call, and trains on one thread if not.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from gptkit.command import CommandError, run_command, use_impl
+from gptkit.parallel import DataParallel, blas_threads
 from gptkit.testing.layout import KIT_ROOT
 
 CORPUS = KIT_ROOT / "labs" / "07_training" / "data" / "shakespeare.txt"
@@ -130,6 +137,22 @@ def run(args) -> int:
         return tr.estimate_loss(model, val, batch_size=args.batch_size, block_size=args.block_size,
                                 iters=args.eval_iters, rng=np.random.default_rng(args.seed + 1))
 
+    if args.workers < 0:
+        raise CommandError(f"--workers must be 1 or more (0: NumPy's BLAS thread count), got {args.workers}")
+    workers = min(args.workers or blas_threads(), args.batch_size)
+    parallel = DataParallel(tr, workers) if workers > 1 else None
+    if parallel is not None and start < args.steps:
+        x, y = tr.get_batch(train, args.batch_size, args.block_size, np.random.default_rng([args.seed, start]))
+        problem = parallel.agrees(model, x, y)
+        if problem is None:
+            print(f"threads: each batch in {workers} shards at once, one BLAS thread each (--workers 1: one at a time)")
+        else:
+            print(f"threads: your loss_and_grads gives other gradients when {workers} shards of a batch run at once "
+                  f"({problem}); does it keep state on the model between calls? Training one batch at a time.")
+            parallel.close()
+            parallel = None
+    step_fn = parallel.train_step if parallel is not None else tr.train_step
+
     tokens, t0, smooth, clock = 0, time.perf_counter(), None, 0.0
     for step in range(start, args.steps):
         rng = np.random.default_rng([args.seed, step])
@@ -137,7 +160,7 @@ def run(args) -> int:
                             total_steps=args.steps)
         x, y = tr.get_batch(train, args.batch_size, args.block_size, rng)
         tick = time.perf_counter()
-        loss, _ = tr.train_step(model, opt, x, y, lr=lr, max_norm=args.grad_clip, rng=rng)
+        loss, _ = step_fn(model, opt, x, y, lr=lr, max_norm=args.grad_clip, rng=rng)
         clock += time.perf_counter() - tick
         tokens += x.size
         smooth = loss if smooth is None else 0.9 * smooth + 0.1 * loss
@@ -155,6 +178,10 @@ def run(args) -> int:
             _save(out, tr, model, opt, step + 1, history)
         elif (step + 1) % 10 == 0:
             history.append(entry)
+    if parallel is not None:
+        parallel.close()
+        if not parallel.sharding:
+            print("threads: your train_step does not call loss_and_grads, so the shards went unused")
     if start >= args.steps:
         print(f"nothing to train: the checkpoint is at step {start}, --steps is {args.steps}")
     else:
@@ -194,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample-chars", type=int, default=300)
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--workers", type=int, default=0,
+                   help="shards of each batch run at once on threads (default: NumPy's BLAS thread count)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     return run_command("train", lambda: run(args), after_progress=True)

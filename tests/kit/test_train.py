@@ -22,8 +22,10 @@ def _train(*args):
 
 def test_train_checkpoint_and_resume(tmp_path):
     out = tmp_path / "run"
-    first = _train("--steps", "3", "--out", str(out))
+    first = _train("--steps", "3", "--out", str(out), "--workers", "2")
     assert first.returncode == 0, first.stderr
+    # the reference's gradients, batch rows on 2 threads, agreed with one plain call
+    assert "each batch in 2 shards" in first.stdout, first.stdout
     assert "validation loss" in first.stdout and "--- sample 1" in first.stdout, first.stdout
     for name in ("model.safetensors", "config.json", "optimizer.safetensors", "history.json"):
         assert (out / name).is_file(), f"no {name} in the run folder"
@@ -31,6 +33,12 @@ def test_train_checkpoint_and_resume(tmp_path):
     again = _train("--steps", "4", "--out", str(out), "--resume")
     assert again.returncode == 0, again.stderr
     assert "steps 3 … 4" in again.stdout and "trained 1 steps" in again.stdout, again.stdout
+
+
+def test_train_refuses_a_negative_worker_count(tmp_path):
+    out = _train("--steps", "1", "--out", str(tmp_path / "run"), "--workers", "-2")
+    assert out.returncode != 0 and "--workers must be 1 or more" in out.stderr and "Traceback" not in out.stderr, \
+        out.stderr
 
 
 def test_train_on_a_stub_says_which_lab(tmp_path):
