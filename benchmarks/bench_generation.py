@@ -23,7 +23,9 @@ The bound: decoding one token reads every weight once (the embedding tables asid
 row each, but the token embedding is read whole as the tied output head), so tokens/s
 can be at most (memory bandwidth ÷ those bytes). The bandwidth is measured here, in the
 same run, with the same threads and in turn with the decoders, as the speed of a 512 MB
-float32 matrix-vector product, the faster of ``W @ x`` and ``x @ W``.
+float32 matrix-vector product, the faster of ``W @ x`` and ``x @ W``. Beside it, the
+model's own products alone, back to back (``common.matvecs_run``): how near the bound the
+products themselves come, before any other work of a step.
 
 Targets: NumPy with cache ≥ 1.1× HuggingFace, ≥ 80% of the bound, ≥ 5× NumPy without
 a cache. This script prints; it asserts nothing.
@@ -58,7 +60,10 @@ def main() -> None:
         "NumPy + KV cache": (lambda: generation.generate(model, prompt, n, temperature=0), args.repeats),
         "NumPy, no cache": (lambda: generation.generate(model, prompt, n, temperature=0, use_cache=False), 1),
         "HuggingFace generate()": (common.hf_greedy(hf, prompt, n), args.repeats),
-        **common.bandwidth_runs(args.repeats)})
+        **common.bandwidth_runs(args.repeats),
+        **common.matvecs_run([w for b in model.h for w in (b.attn.c_attn.weight, b.attn.c_proj.weight,
+                                                             b.mlp.c_fc.weight, b.mlp.c_proj.weight)]
+                             + [model.wte.weight.T], n, args.repeats)})
     speed, bound = common.print_speeds_and_bound(times, n, read_per_token, "every parameter but the position table")
     ours = speed["NumPy + KV cache"]
     common.print_target("NumPy + cache ÷ HuggingFace", ours / speed["HuggingFace generate()"], 1.1, 38)

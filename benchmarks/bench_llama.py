@@ -59,7 +59,12 @@ def main() -> None:
     times, outputs = common.time_runs({
         "NumPy Llama + cache": (lambda: llama.generate(model, prompt, n), args.repeats),
         "HuggingFace generate()": (common.hf_greedy(hf, prompt, n), args.repeats),
-        **common.bandwidth_runs(args.repeats)})
+        **common.bandwidth_runs(args.repeats),
+        **common.matvecs_run([p.weight for layer in model.layers
+                              for p in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+                                        layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj,
+                                        layer.mlp.down_proj)]
+                             + [model.embed_tokens.weight.T], n, args.repeats)})
     speed, bound = common.print_speeds_and_bound(times, n, read_per_token, "every parameter")
     ours = speed["NumPy Llama + cache"]
     common.print_target("NumPy ÷ HuggingFace", ours / speed["HuggingFace generate()"], 1.0, 30)

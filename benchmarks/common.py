@@ -185,6 +185,24 @@ def bandwidth_runs(repeats: int) -> dict:
             PROBE + "x @ W": (lambda: x_left @ W, max(3, repeats))}
 
 
+def matvecs_run(matrices: list, n: int, repeats: int) -> dict:
+    """A run for ``time_runs``: the decoder's own products and nothing else, ``n`` tokens'
+    worth: ``x @ M`` for every matrix M in the order a token meets them (x a row of ones),
+    back to back, without the biases, norms, attention and sampling between them. Its
+    tokens/s is the most a decoder can reach with these products as BLAS runs them; its
+    ratio to the bound separates the products' own speed from the rest of a step."""
+    import numpy as np
+
+    rows = [np.ones((1, m.shape[0]), np.float32) for m in matrices]
+
+    def products():
+        for _ in range(n):
+            for x, m in zip(rows, matrices):
+                x @ m
+
+    return {PROBE + "products alone": (products, repeats)}
+
+
 def print_speeds_and_bound(times: dict, n: int, read_per_token: int, what: str) -> tuple[dict, float]:
     """The table of speeds (``print_speeds``), then the bound on tokens/s when a token reads
     ``read_per_token`` bytes (``what`` they are), from the memory bandwidth: the faster of
@@ -200,6 +218,9 @@ def print_speeds_and_bound(times: dict, n: int, read_per_token: int, what: str) 
     print("mat-vec bandwidth, 512 MB float32, timed in turn with the runs above: "
           + ", ".join(f"{k} {v:.1f} GB/s" for k, v in rates.items()))
     print(f"bound: {gb_s:.1f} GB/s (the faster) ÷ {read_per_token / 1e6:.0f} MB = {bound:.1f} tokens/s")
+    alone = speed.get(PROBE + "products alone")
+    if alone:
+        print(f"the decoder's products alone (no other work between them): {100 * alone / bound:.0f}% of the bound")
     print()
     return speed, bound
 
