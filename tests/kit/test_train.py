@@ -3,6 +3,7 @@ checkpoint lab 05 reads, resumes from it at the step it stopped, and prints samp
 
 import json
 import resource
+import shutil
 import subprocess
 import sys
 
@@ -33,6 +34,34 @@ def test_train_checkpoint_and_resume(tmp_path):
     again = _train("--steps", "4", "--out", str(out), "--resume")
     assert again.returncode == 0, again.stderr
     assert "steps 3 … 4" in again.stdout and "trained 1 steps" in again.stdout, again.stdout
+
+
+_KEEPS_STATE = """
+import threading
+_both_in = threading.Barrier(2, timeout=30)
+
+
+def loss_and_grads(model, token_ids, targets, *, rng=None):
+    model.last_batch = token_ids  # one call's values on the shared model: the other shard overwrites them
+    if threading.current_thread() is not threading.main_thread():
+        _both_in.wait()
+    return _loss_and_grads(model, model.last_batch, targets, rng=rng)
+"""
+
+
+def test_train_on_code_that_keeps_state_on_the_model_trains_one_batch_at_a_time(tmp_path):
+    impl = tmp_path / "impl"
+    shutil.copytree(KIT_ROOT / "solutions", impl, ignore=shutil.ignore_patterns("__pycache__"))
+    code = impl / "07_training" / "training.py"
+    text = code.read_text(encoding="utf-8").replace("def loss_and_grads(", "def _loss_and_grads(", 1)
+    code.write_text(text + _KEEPS_STATE, encoding="utf-8")
+    out = subprocess.run([sys.executable, "-m", "gptkit.train", *TINY, "--impl", str(impl), "--steps", "2",
+                          "--workers", "2", "--out", str(tmp_path / "run")], cwd=KIT_ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "does it keep state on the model" in out.stdout and "Training one batch at a time" in out.stdout, \
+        out.stdout
+    assert "trained 2 steps" in out.stdout, out.stdout
 
 
 def test_train_refuses_a_negative_worker_count(tmp_path):
