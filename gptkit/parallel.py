@@ -60,7 +60,9 @@ class DataParallel:
         """Lab 07's ``(loss, grads)`` for the whole batch (B, T), computed shard by shard."""
         self.calls += 1
         x, y = np.asarray(x), np.asarray(y)
-        bounds = np.linspace(0, len(x), min(self.workers, max(len(x), 1)) + 1).round().astype(int)
+        if len(x) < 2:  # nothing to split
+            return self._plain(model, x, y, rng=rng)
+        bounds = np.linspace(0, len(x), min(self.workers, len(x)) + 1).round().astype(int)
         shards = [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
         rngs = rng.spawn(len(shards)) if rng is not None else [None] * len(shards)
         with self._blas.limit(limits=1, user_api="blas"):
