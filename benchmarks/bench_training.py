@@ -13,8 +13,9 @@ With more than one thread NumPy trains twice: lab 07's ``train_step`` as it is (
 N threads, everything else on one core), and the kit trainer's data-parallel step
 (``gptkit.parallel``: the batch's rows in N shards on N threads, one BLAS thread each),
 each from the same start. The contestants alternate in chunks of ``--eval-every`` steps,
-each chunk after ``common.PAUSE`` of idle, so a change in the machine's load falls on all. Tokens/s counts the training steps alone (forward, backward, clipping,
-optimizer), not batch drawing or evaluation. Every ``--eval-every`` steps both report the
+each chunk after ``common.PAUSE`` of idle, so a change in the machine's load falls on all.
+Tokens/s counts the training steps alone (forward, backward, clipping, optimizer), not
+batch drawing or evaluation. Every ``--eval-every`` steps each contestant reports its
 validation loss on the same fixed validation batches.
 """
 

@@ -23,7 +23,7 @@ run at once on threads with one BLAS thread each (``--workers`` sets the count; 
 lab 07's ``train_step`` as it is). The shards' gradients are averaged, so the step is the
 same up to float rounding, and faster: NumPy's elementwise work runs on one core per call,
 and shards use them all (``gptkit.parallel``). Before the first step it checks that your
-code gives the same gradients as shards as in one call, and trains on one thread if not.
+code gives the same gradients as shards as in one call, and trains one batch at a time if not.
 """
 
 from __future__ import annotations
