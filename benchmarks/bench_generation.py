@@ -25,7 +25,9 @@ can be at most (memory bandwidth ÷ those bytes). The bandwidth is measured here
 same run, with the same threads and in turn with the decoders, as the speed of a 512 MB
 float32 matrix-vector product, the faster of ``W @ x`` and ``x @ W``. Beside it, the
 model's own products alone, back to back (``common.matvecs_run``): how near the bound the
-products themselves come, before any other work of a step.
+products themselves come, before any other work of a step. And between the two, the same
+decoding stripped to its arithmetic (``stripped.py``: no checks, no layers, the fewest
+NumPy calls per step): how near the bound NumPy itself comes.
 
 Targets: NumPy with cache ≥ 1.1× HuggingFace, ≥ 80% of the bound, ≥ 5× NumPy without
 a cache. This script prints; it asserts nothing.
@@ -49,6 +51,7 @@ def main() -> None:
     n, T = args.new_tokens, args.prompt
     model, hf, n_params = common.gpt2_small_pair(THREADS, seed=2024)
     import generation  # the reference lab 06, importable once gpt2_small_pair has set the path
+    import stripped
 
     common.print_machine(THREADS)
     print(f"task: {n} new tokens after a {T}-token prompt, greedy, batch 1, GPT-2-small shape "
@@ -59,6 +62,7 @@ def main() -> None:
     times, outputs = common.time_runs({
         "NumPy + KV cache": (lambda: generation.generate(model, prompt, n, temperature=0), args.repeats),
         "NumPy, no cache": (lambda: generation.generate(model, prompt, n, temperature=0, use_cache=False), 1),
+        common.STRIPPED: (lambda: stripped.gpt2_generate(model, prompt, n, generation), args.repeats),
         "HuggingFace generate()": (common.hf_greedy(hf, prompt, n), args.repeats),
         **common.bandwidth_runs(args.repeats),
         **common.matvecs_run([w for b in model.h for w in (b.attn.c_attn.weight, b.attn.c_proj.weight,
@@ -69,7 +73,7 @@ def main() -> None:
     common.print_target("NumPy + cache ÷ HuggingFace", ours / speed["HuggingFace generate()"], 1.1, 38)
     common.print_target("NumPy + cache ÷ bound", ours / bound, 0.8, 38, percent=True)
     common.print_target("NumPy + cache ÷ NumPy without cache", ours / speed["NumPy, no cache"], 5.0, 38)
-    print(f"\nsame {n} tokens from NumPy (cache), NumPy (no cache) and HuggingFace: "
+    print(f"\nsame {n} tokens from NumPy (cache), NumPy (no cache), the stripped step and HuggingFace: "
           f"{common.all_same(outputs.values())}")
 
 

@@ -13,7 +13,8 @@ after the same prompt: NumPy with ``llama.generate`` (its cache), HuggingFace wi
 
 Threads, timing and the bound are as in ``bench_generation.py`` (lab 06), both from
 ``benchmarks/common.py``: each token reads every weight once (the tied embedding whole,
-as the output head), so tokens/s ≤ mat-vec bandwidth ÷ those bytes.
+as the output head), so tokens/s ≤ mat-vec bandwidth ÷ those bytes. Beside it, as there:
+the products alone, and the stripped step (``stripped.py``).
 Targets: NumPy ≥ 1× HuggingFace and ≥ 80% of the bound. This script prints; it asserts nothing.
 """
 
@@ -37,6 +38,7 @@ def main() -> None:
     n, T = args.new_tokens, args.prompt
     common.use_reference_solutions()
     import llama
+    import stripped
     from gptkit.llama_checkpoints import LlamaShape, hf_llama, random_llama_state
 
     shape = LlamaShape(vocab_size=32000, d_model=768, num_layers=12, num_heads=12, num_kv_heads=4, d_ff=2048,
@@ -58,6 +60,7 @@ def main() -> None:
     prompt = np.random.default_rng(7).integers(0, shape.vocab_size, (1, T))
     times, outputs = common.time_runs({
         "NumPy Llama + cache": (lambda: llama.generate(model, prompt, n), args.repeats),
+        common.STRIPPED: (lambda: stripped.llama_generate(model, prompt, n, llama), args.repeats),
         "HuggingFace generate()": (common.hf_greedy(hf, prompt, n), args.repeats),
         **common.bandwidth_runs(args.repeats),
         **common.matvecs_run([p.weight for layer in model.layers
@@ -69,7 +72,7 @@ def main() -> None:
     ours = speed["NumPy Llama + cache"]
     common.print_target("NumPy ÷ HuggingFace", ours / speed["HuggingFace generate()"], 1.0, 30)
     common.print_target("NumPy ÷ bound", ours / bound, 0.8, 30, percent=True)
-    print(f"\nsame {n} tokens from NumPy and HuggingFace: {common.all_same(outputs.values())}")
+    print(f"\nsame {n} tokens from NumPy, the stripped step and HuggingFace: {common.all_same(outputs.values())}")
 
 
 if __name__ == "__main__":

@@ -203,6 +203,9 @@ def matvecs_run(matrices: list, n: int, repeats: int) -> dict:
     return {PROBE + "products alone": (products, repeats)}
 
 
+STRIPPED = "NumPy, stripped step"  # the name of the stripped decoder's run (benchmarks/stripped.py)
+
+
 def print_speeds_and_bound(times: dict, n: int, read_per_token: int, what: str) -> tuple[dict, float]:
     """The table of speeds (``print_speeds``), then the bound on tokens/s when a token reads
     ``read_per_token`` bytes (``what`` they are), from the memory bandwidth: the faster of
@@ -221,6 +224,9 @@ def print_speeds_and_bound(times: dict, n: int, read_per_token: int, what: str) 
     alone = speed.get(PROBE + "products alone")
     if alone:
         print(f"the decoder's products alone (no other work between them): {100 * alone / bound:.0f}% of the bound")
+    if STRIPPED in speed:
+        print(f"the stripped step (the same products, every other operation at its fewest NumPy calls, "
+              f"no checks): {100 * speed[STRIPPED] / bound:.0f}% of the bound")
     print()
     return speed, bound
 
