@@ -95,10 +95,6 @@ def llama_generate(model, prompt: np.ndarray, n: int, llama) -> np.ndarray:
     head = model.embed_tokens.weight.T if model.lm_head is None else model.lm_head.weight
 
     def step(token: int, pos: int) -> np.ndarray:
-        with np.errstate(over="ignore"):  # e^−g overflows to inf for g ≪ 0, where silu(g) is −0
-            return block_pass(token, pos)
-
-    def block_pass(token: int, pos: int) -> np.ndarray:
         cos, sin = llama.rope_angles(np.array([pos]), d, attn.rope_theta)  # (1, d) each
         x = model.embed_tokens.weight[token]
         for b, K, V in zip(model.layers, cache.keys, cache.values):
@@ -113,4 +109,5 @@ def llama_generate(model, prompt: np.ndarray, n: int, llama) -> np.ndarray:
             x = x + (g / (1.0 + np.exp(-g)) * (h @ mlp.up_proj.weight)) @ mlp.down_proj.weight
         return rms_norm(x, model.norm) @ head
 
-    return _greedy(first, step, prompt, n)
+    with np.errstate(over="ignore"):  # e^−g overflows to inf for g ≪ 0, where silu(g) is −0
+        return _greedy(first, step, prompt, n)

@@ -175,7 +175,7 @@ class Remote:
                 os.close(fd)
         if "error" in reply:
             for fd in got:
-                socket.socket(fileno=fd).close()
+                os.close(fd)
             raise LabProcessDied(reply["error"])
         return reply, got
 
