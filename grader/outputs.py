@@ -50,7 +50,12 @@ def feedback_markdown(r: StudentResult) -> str:
     hidden = hidden_names(r)
     for lab, lr in r.labs.items():
         out += [f"## {lab}: {pts(lr.points)} / {pts(lr.max_points)}", ""]
-        out += [f"- note: {f}" for f in lr.flags]
+        out += [f"- note: {f}" for f in lr.flags if not is_review(f)]
+        review = [f.removeprefix(REVIEW) for f in lr.flags if is_review(f)]
+        if review:
+            out.append("- note: the grader's static review listed these lines for your instructor to read; "
+                       "they change no score:")
+            out += [f"  - {f}" for f in review]
         failed = [t for t in lr.tests if t.outcome != "passed"]
         passed = len(lr.tests) - len(failed)
         out.append(f"{passed} of {len(lr.tests)} tests passed.")
@@ -95,12 +100,20 @@ def gradescope_json(r: StudentResult) -> dict:
     return out
 
 
+REVIEW = "for review: "
+
+
+def is_review(flag: str) -> bool:
+    """A note of the static review (grader/policy.py): for a person to read, never a verdict."""
+    return flag.startswith(REVIEW)
+
+
 def _never_ran(lr) -> bool:
     return bool(lr.tests) and all(t.outcome == "not run" for t in lr.tests)
 
 
 def _not_run(lr) -> str:
-    """Why a lab did not run at all (its file missing, a policy breach), or ""."""
+    """Why a lab did not run at all (its file missing), or ""."""
     return f" ({_first_line(lr.tests[0].message, 300)})" if _never_ran(lr) else ""
 
 
@@ -147,7 +160,7 @@ def class_stats(labs: list[str], results: list[StudentResult]) -> dict:
     stats = {"students": len(results), "graded": len(graded), "labs": {}}
     for lab in labs:
         tests: dict[str, dict] = {}
-        # A lab that did not run (its file missing, a policy breach) says nothing about the
+        # A lab that did not run (its file missing) says nothing about the
         # concepts: pass rates and failure kinds count only the students whose lab ran.
         ran = [r for r in graded if lab in r.labs and not _never_ran(r.labs[lab])]
         for r in ran:
@@ -230,12 +243,18 @@ def report_html(labs: list[str], results: list[StudentResult], stats: dict) -> s
                         f'style="width:{pct:.0f}px"></div> {pct:.0f}%</td><td>{fails}</td></tr>')
         sections.append(f"<h2>{e(lab)}</h2><p>mean {100 * s['mean_fraction']:.0f}% · {s['full_marks']} of "
                         f"{stats['graded']} with full marks · ran for {s['ran']} (pass rates below are theirs), "
-                        f"not run for {s['not_run']} (file missing or refused)</p><table><tr><th>test</th><th>pass rate</th>"
+                        f"not run for {s['not_run']} (file missing)</p><table><tr><th>test</th><th>pass rate</th>"
                         f"<th>most common failures</th></tr>{''.join(rows)}</table>")
     students = "".join(
         f"<tr><td>{e(r.student)}</td>{''.join(f'<td class=num>{pts(r.labs[lab].points)}</td>' if lab in r.labs else '<td></td>' for lab in labs)}"
         f"<td class=num><b>{pts(r.total)}</b> / {pts(r.max_total)}</td><td>{e(' | '.join(all_flags(r)))}</td></tr>"
         for r in results)
+    review = "".join(f"<tr><td>{e(r.student)}</td><td>{e(lab)}</td><td><code>{e(f.removeprefix(REVIEW))}</code></td></tr>"
+                     for r in results for lab, lr in r.labs.items() for f in lr.flags if is_review(f))
+    review_section = ("<h2>For review</h2><p>Lines the grader's static review lists for a person to read: "
+                      "code that reaches into the interpreter, the machine or the kit's files. They change no "
+                      "score (scores come from the tests alone) and are not a verdict.</p>"
+                      f"<table><tr><th>student</th><th>lab</th><th>line</th></tr>{review}</table>") if review else ""
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Class report</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px}}table{{border-collapse:collapse;margin:1em 0}}
@@ -245,6 +264,7 @@ td,th{{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top;
 <h2>Mean score per lab</h2>{svg}
 {''.join(sections)}
 <h2>Students</h2><table><tr><th>student</th>{''.join(f'<th>{e(lab[:2])}</th>' for lab in labs)}<th>total</th><th>flags</th></tr>{students}</table>
+{review_section}
 </body></html>
 """
 

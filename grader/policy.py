@@ -1,202 +1,135 @@
-"""What a lab module may touch: plain NumPy. Checked statically before any of it runs.
+"""A static review of lab files: the lines that suggest an attempt on the grader.
 
-The policy is an allow-list. Lab code may use
+Advisory only. What it finds never stops a file from running and never changes a score:
+scores come from the tests alone, and what keeps a grade safe is the sandbox
+(``grader/sandbox``: a process for the tests and another for the lab code, bubblewrap,
+seccomp, Landlock, limits). A finding becomes a note "for review", with its line, in the
+instructor's gradebook and class report; the student's feedback shows it as a neutral
+note, and ``grader check`` shows it to the student before they submit.
 
-- the modules its rubric entry lists (numpy, math, typing, … and earlier labs' modules),
-  and of each only the attributes listed in ``MODULE_ATTRS`` below (NumPy's numerical
-  API, ``math``'s functions, a few typing and dataclasses names, the kit's helpers) or,
-  for an earlier lab's module, the names the kit's own stub of that module defines;
-- the builtins in ``ALLOWED_BUILTINS`` (``type`` only as ``type(x).__name__`` or in a
-  comparison);
-- any public attribute of an object that is not a module (``x.shape``, ``self.weight``),
-  private ones only on ``self``/``cls``, and of the special ``__x__`` attributes only
-  ``ALLOWED_DUNDER_ATTRS``;
+It is silent on ordinary Python: every builtin a program uses to do its work
+(``getattr``, ``hasattr``, ``setattr``, ``vars``, ``open`` …) and the standard library's
+modules that compute, not reach into the interpreter (``collections``, ``itertools``,
+``functools``, ``copy``, ``re``, ``dataclasses``, ``enum``, ``heapq``, ``os.path``,
+``json``, ``struct`` …). It notes:
 
-and every name its own file binds. Anything else is reported with the line it is on.
-Beyond that: no assignment into a module (monkeypatching), no module passed around as a
-value (``f = np``, ``def g(m=np)``: every use of a module is a visible ``np.x`` chain), no
-rebinding of an imported module's name, no special methods beyond
-``ALLOWED_DUNDER_DEFS`` (objects that fake comparisons or conversions), no special names
-bound by assignment (``__eq__ = …``), and no use of a module- or class-level name that
-shadows a builtin lab code may not use (``open = open``: until it runs, it is the builtin).
+- imports of modules that reach into the interpreter or the machine (``gc``,
+  ``inspect``, ``ctypes``, ``importlib``, ``subprocess``, ``socket``, ``signal`` …), of
+  the kit's test machinery (``pytest``, ``hypothesis``, ``grader``, ``gptkit.testing``),
+  and of any module outside the standard library that the lab does not use (``torch``:
+  the labs are NumPy; the rubric's ``allowed_imports`` lists a lab's own, e.g. SciPy);
+- the attributes of ``os``, ``sys``, ``numpy`` and ``types`` that start processes, send
+  signals, touch descriptors, frames, code objects or the import machinery;
+- ``eval``, ``exec``, ``compile``, ``__import__``, ``globals`` and ``breakpoint``, unless
+  the file defines a name of its own so called;
+- attributes that lead from any object to frames, code, globals or raw memory
+  (``f_back``, ``__globals__``, ``__subclasses__``, ``.ctypes`` …), also written as a
+  string (``getattr(x, "__globals__")``);
+- strings naming the kit's files or other processes (``solutions/``, ``tests/``,
+  fixtures, ``.npz``, ``/proc``, the gradebook …);
+- special methods that fake comparisons or hook NumPy's array protocol (``__eq__``,
+  ``__array_ufunc__`` …), where a test compares what lab code returns;
+- assignments into an imported module (monkeypatching), with ``=``, ``del`` or
+  ``setattr``.
 
-How far names are tracked: scopes are followed as Python does (module, class, function,
-lambda, comprehension; ``global``/``nonlocal``), so ``def f(input): …`` is fine and
-``import numpy as np`` inside a function is checked like one at the top. Values are not
-tracked: an object that is not a module is judged by its attributes' names alone, which
-is why the few public attributes that lead to frames, code or raw memory
-(``OBJECT_DENIED_ATTRS``) are refused on every object.
-
-This check is the first line and gives readable feedback; it is not what keeps the
-grader safe. Student code runs in its own sandboxed process, which holds up without it.
-
-Rubric keys (grader/rubric.toml) widen the allow-list per lab: ``allowed_imports``
-(modules), ``allowed_names`` (builtins, e.g. ``open``), ``allowed_attrs`` (a bare
-attribute name, e.g. ``memmap``, allowed on any module or object, or a dotted
-``module.name``, e.g. ``json.dump``, allowed on that module only).
+Names are followed through imports and aliases (``import gc as g``, ``from os import
+kill``), file-wide: a review, not a proof. A syntax error is not reported here: the
+tests report it, with its line, when they import the file.
 """
 
 from __future__ import annotations
 
 import ast
-import builtins
-import difflib
-from collections.abc import Iterable, Mapping
+import re
+import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
-
-import gptkit
-
-KIT_ROOT = Path(__file__).resolve().parents[1]
 
 
 def _names(text: str) -> frozenset[str]:
     return frozenset(text.split())
 
 
-# NumPy's numerical API: array creation, shapes, indexing, elementwise maths, reductions,
-# sorting and searching, linear algebra, dtypes and constants. Curated by hand, on
-# purpose: no file I/O (load, save, fromfile, memmap, tofile …), no global state
-# (seterr, set_printoptions, the legacy np.random.* functions), no internals (core,
-# lib, ctypeslib, testing, f2py, char, rec …). Add a name here when honest lab code
-# needs it.
-NUMPY_API = _names("""
-    abs absolute add all allclose amax amin angle any append arange arccos arccosh arcsin
-    arcsinh arctan arctan2 arctanh argmax argmin argpartition argsort argwhere around array
-    array_equal array_equiv array_split asanyarray asarray ascontiguousarray astype atleast_1d
-    atleast_2d atleast_3d average bincount bitwise_and bitwise_count bitwise_not bitwise_or
-    bitwise_xor block bool bool_ broadcast_arrays broadcast_shapes broadcast_to byte bytes_
-    can_cast cbrt ceil character choose clip column_stack complex128 complex64
-    complexfloating concat concatenate conj conjugate copy copysign copyto cos cosh
-    count_nonzero cross cumprod cumsum cumulative_prod cumulative_sum deg2rad degrees diag
-    diag_indices diagflat diagonal diff digitize divide divmod dot double dsplit dstack dtype
-    e ediff1d einsum einsum_path empty empty_like equal errstate euler_gamma exp exp2
-    expand_dims expm1 extract eye fabs fill_diagonal finfo fix flatnonzero flexible flip
-    fliplr flipud float16 float32 float64 float_power floating floor floor_divide fmax fmin
-    fmod frexp frombuffer fromiter full full_like gcd generic geomspace gradient greater
-    greater_equal half heaviside histogram hsplit hstack hypot identity iinfo indices inexact
-    inf inner insert int16 int32 int64 int8 int_ intc integer interp intersect1d intp invert
-    isclose iscomplexobj isfinite isin isinf isnan isneginf isposinf isreal isrealobj
-    isscalar issubdtype ix_ kron lcm ldexp left_shift less less_equal lexsort linspace log
-    log10 log1p log2 logaddexp logaddexp2 logical_and logical_not logical_or logical_xor
-    logspace longdouble longlong matmul matrix_transpose matvec max maximum mean median
-    meshgrid min minimum mod modf moveaxis multiply nan nan_to_num nanargmax nanargmin
-    nancumprod nancumsum nanmax nanmean nanmedian nanmin nanpercentile nanprod nanquantile
-    nanstd nansum nanvar ndarray ndim negative newaxis nextafter nonzero not_equal number
-    object_ ones ones_like outer pad partition percentile permute_dims pi piecewise positive
-    pow power prod promote_types ptp put put_along_axis putmask quantile rad2deg radians
-    ravel ravel_multi_index reciprocal remainder repeat reshape result_type right_shift rint
-    roll rollaxis rot90 round searchsorted select setdiff1d shape short sign signbit
-    signedinteger sin sinc single sinh size sort spacing split sqrt square squeeze stack std
-    str_ subtract sum swapaxes take take_along_axis tan tanh tensordot tile trace transpose
-    trapezoid tri tril tril_indices triu triu_indices true_divide trunc ubyte uint uint16
-    uint32 uint64 uint8 uintc uintp ulonglong union1d unique unique_all unique_counts
-    unique_inverse unique_values unravel_index unsignedinteger unwrap ushort var vdot vecdot
-    vecmat vsplit vstack where zeros zeros_like
-""")
-
-# Module (dotted name) → the attributes lab code may use on it. A name that is itself a
-# key here (``numpy`` → ``random``) is a submodule. Earlier labs' modules are not listed:
-# their allow-list is what the kit's stub of the module defines (see ``lab_api``).
-MODULE_ATTRS: dict[str, frozenset[str]] = {
-    "numpy": NUMPY_API | {"random", "linalg"},
-    # Randomness through a Generator only (``rng = np.random.default_rng(seed)``, or
-    # gptkit's make_rng): the legacy np.random.* functions share one global state.
-    "numpy.random": _names("default_rng Generator SeedSequence BitGenerator PCG64"),
-    "numpy.linalg": _names("""
-        norm vector_norm matrix_norm inv pinv solve det slogdet eig eigh eigvals eigvalsh svd
-        svdvals qr cholesky lstsq matrix_rank matrix_power multi_dot LinAlgError cond outer
-        cross diagonal trace matmul vecdot matrix_transpose tensordot
-    """),
-    "math": _names("""
-        acos acosh asin asinh atan atan2 atanh cbrt ceil comb copysign cos cosh degrees dist e
-        erf erfc exp exp2 expm1 fabs factorial floor fmod frexp fsum gamma gcd hypot inf
-        isclose isfinite isinf isnan isqrt lcm ldexp lgamma log log10 log1p log2 modf nan
-        nextafter perm pi pow prod radians remainder sin sinh sqrt tan tanh tau trunc ulp
-    """),
-    "__future__": _names("annotations"),
-    # Names for annotations and small helpers; never the module's own imports (sys, …)
-    # nor get_type_hints (it evaluates strings).
-    "typing": _names("""
-        Annotated Any Callable ClassVar Collection Container Dict Final FrozenSet Generator
-        Generic Hashable Iterable Iterator List Literal Mapping MutableMapping MutableSequence
-        MutableSet NamedTuple Never NoReturn Optional Protocol Reversible Self Sequence Set
-        Sized SupportsFloat SupportsIndex SupportsInt Tuple Type TypeAlias TypeVar TypedDict
-        TYPE_CHECKING Union cast final overload
-    """),
-    "collections": _names("abc"),
-    "collections.abc": _names("""
-        Callable Collection Container Generator Hashable Iterable Iterator Mapping
-        MutableMapping MutableSequence MutableSet Reversible Sequence Set Sized
-    """),
-    "dataclasses": _names("dataclass field fields replace asdict astuple is_dataclass InitVar "
-                          "KW_ONLY FrozenInstanceError"),
-    # The kit's helpers: gptkit/__init__.py's __all__ is the one list of what students may
-    # import (never gptkit.testing, gptkit.checkpoints nor gptkit.demo).
-    "gptkit": frozenset(gptkit.__all__) | _names("checks init layer state gpt2"),
-    "gptkit.checks": _names("as_float_array check_last_dim check_length check_ndim"),
-    "gptkit.init": _names("make_rng normal"),
-    "gptkit.layer": _names("Layer"),
-    "gptkit.state": _names("state_diff StateDiff"),
-    "gptkit.gpt2": _names("gpt2_parameter_names gpt2_parameter_shapes"),
-    # Only where a lab's rubric entry allows the import.
-    "scipy": _names("special"),
-    "scipy.special": _names("""
-        erf erfc erfinv erfcinv expit logit softmax log_softmax logsumexp gamma gammaln
-        digamma ndtr ndtri log_ndtr xlogy xlog1py expm1 log1p entr rel_entr beta betaln
-    """),
-    "json": _names("loads load dumps JSONDecodeError"),
-    "pathlib": _names("Path PurePath PurePosixPath"),
+# Module (dotted; its submodules come with it) → why its import is worth a look.
+REVIEW_MODULES: dict[str, str] = {
+    **dict.fromkeys(("gc", "inspect", "ctypes", "_ctypes", "cffi", "importlib", "imp", "pkgutil", "zipimport",
+                     "runpy", "marshal", "pickle", "copyreg", "dill", "cloudpickle", "code", "codeop", "dis",
+                     "builtins", "__main__", "sysconfig", "site", "atexit", "faulthandler", "tracemalloc",
+                     "trace", "pdb", "bdb", "_thread", "_posixsubprocess"),
+                    "it reaches into the interpreter: its objects, frames, code or import machinery"),
+    **dict.fromkeys(("subprocess", "socket", "signal", "multiprocessing", "pty", "fcntl", "resource", "mmap",
+                     "select", "selectors", "asyncio", "posix", "pwd", "grp", "termios", "ssl",
+                     "http", "urllib", "ftplib", "smtplib", "webbrowser"),
+                    "it reaches the machine: processes, signals, descriptors, files or the network"),
+    **dict.fromkeys(("pytest", "_pytest", "hypothesis", "grader", "gptkit.testing", "conftest"),
+                    "it is the kit's test machinery, not a lab's toolkit"),
+    **dict.fromkeys(("gptkit.checkpoints", "gptkit.llama_checkpoints", "gptkit.demo", "gptkit.train",
+                     "gptkit.parallel", "gptkit.command"),
+                    "it is the kit's own code around the labs, not one of the helpers students use"),
+    **dict.fromkeys(("torch", "tensorflow", "jax", "jaxlib", "transformers", "safetensors", "tiktoken",
+                     "tokenizers", "sklearn", "numba", "cupy"),
+                    "the labs are built in NumPy: this library computes what the lab asks you to write"),
 }
 
-ALLOWED_BUILTINS = _names("""
-    abs all any ascii bin bool bytearray bytes callable chr classmethod complex dict divmod
-    enumerate filter float format frozenset hash hex id int isinstance issubclass iter len
-    list map max min next object oct ord pow print property range repr reversed round set
-    slice sorted staticmethod str sum super tuple zip
-    NotImplemented Ellipsis __name__
-    Exception ArithmeticError AssertionError AttributeError EOFError FileNotFoundError
-    FloatingPointError IndexError KeyError LookupError NotImplementedError OSError
-    OverflowError RuntimeError StopIteration TypeError UnicodeDecodeError UnicodeError
-    ValueError ZeroDivisionError
-    Warning UserWarning RuntimeWarning DeprecationWarning
-""")
-# Allowed only in the forms below; ``type(name, bases, namespace)`` builds classes from a
-# dict (a way round the special-method rules), so ``type`` is not a free-standing value.
-RESTRICTED_BUILTINS = _names("type")
-TYPE_RESULT_ATTRS = _names("__name__ __qualname__")
-
-ALLOWED_DUNDER_ATTRS = _names("__init__ __call__ __repr__ __str__ __name__ __qualname__ __doc__")
-ALLOWED_DUNDER_DEFS = _names("__init__ __call__ __repr__ __str__ __post_init__")
-ALLOWED_DUNDER_BINDINGS = _names("__all__")
-# Public attributes that lead, on whatever object has them, to frames, code, raw memory or
-# files. Objects' types are not tracked, so these are refused on every object.
-OBJECT_DENIED_ATTRS = _names("""
-    ctypes cffi tofile dump dumps
-    gi_frame gi_code gi_yieldfrom cr_frame cr_code cr_await cr_origin ag_frame ag_code ag_await
-    f_back f_globals f_locals f_builtins f_code f_trace tb_frame tb_next
-    co_code co_consts co_names
-""")
-
-WHAT_LABS_MAY_USE = ("lab code may use NumPy's numerical API, math, the kit's gptkit helpers, earlier "
-                     "labs' functions and classes and a few typing names; the list is in grader/policy.py")
-# Why some often-tried names are off the list, said in the violation instead of the above.
-HINTS = {
-    **dict.fromkeys(("load", "save", "savez", "savez_compressed", "loadtxt", "savetxt", "genfromtxt",
-                     "fromfile", "memmap", "fromregex", "DataSource"), "lab code does not read or write files"),
-    **dict.fromkeys(("seed", "rand", "randn", "randint", "random", "normal", "uniform", "choice",
-                     "permutation", "shuffle", "RandomState", "get_state", "set_state"),
-                    "draw random numbers from a Generator: rng = np.random.default_rng(seed), or gptkit's make_rng"),
-    **dict.fromkeys(("seterr", "set_printoptions", "printoptions", "setbufsize"),
-                    "it changes NumPy's global settings for the whole test run; np.errstate is fine"),
+# Qualified attribute (its sub-attributes come with it) → why a use is worth a look.
+REVIEW_ATTRS: dict[str, str] = {
+    **{f"os.{a}": "it starts or signals processes, or works on raw file descriptors" for a in """
+        system popen fork forkpty kill killpg _exit abort execl execle execlp execlpe execv execve execvp
+        execvpe spawnl spawnle spawnlp spawnlpe spawnv spawnve spawnvp spawnvpe posix_spawn posix_spawnp
+        dup dup2 fdopen open read write pread pwrite pipe pipe2 closerange chroot setuid setgid seteuid
+        setegid setreuid setregid setsid setpgid getppid pidfd_open memfd_create unshare setns
+        register_at_fork sched_setaffinity plock wait waitpid wait3 wait4 waitid
+    """.split()},
+    **{f"sys.{a}": "it reaches the interpreter's frames, modules, hooks or exit" for a in """
+        _getframe _current_frames _current_exceptions modules meta_path path_hooks path_importer_cache
+        settrace setprofile gettrace getprofile addaudithook audit exit excepthook displayhook
+        breakpointhook unraisablehook __stdout__ __stderr__ __stdin__ _xoptions setrecursionlimit
+        setswitchinterval remote_exec
+    """.split()},
+    **{f"numpy.{a}": "it reaches raw memory, the test helpers or NumPy's internals" for a in """
+        ctypeslib testing _core core f2py distutils
+    """.split()},
+    **{f"types.{a}": "it builds or reads code objects, frames or functions" for a in """
+        CodeType FunctionType FrameType TracebackType CellType
+    """.split()},
 }
 
-_BUILTIN_NAMES = frozenset(dir(builtins))
+REVIEW_BUILTINS: dict[str, str] = {
+    **dict.fromkeys(("eval", "exec", "compile", "__import__"), "it runs or imports code built at run time"),
+    "globals": "it hands out the module's namespace",
+    "breakpoint": "it starts a debugger",
+    "__builtins__": "it reaches the builtins' namespace",
+}
+
+# Attributes that lead from any object (types are not tracked) to frames, code, globals,
+# the class hierarchy or raw memory. Also noted when written as a string constant.
+OBJECT_REVIEW_ATTRS = _names("""
+    f_back f_globals f_locals f_builtins f_code f_trace tb_frame tb_next gi_frame gi_code cr_frame cr_code
+    ag_frame ag_code co_code co_consts co_names __globals__ __code__ __closure__ __subclasses__ __bases__
+    __base__ __mro__ __builtins__ __loader__ __spec__ __reduce__ __reduce_ex__ __traceback__
+    __array_interface__ __array_struct__ ctypes
+""")
+
+# Special methods that change what a comparison, a truth test or NumPy sees.
+REVIEW_SPECIAL_METHODS = _names("""
+    __eq__ __ne__ __lt__ __le__ __gt__ __ge__ __bool__ __array__ __array_ufunc__ __array_function__
+    __array_wrap__ __array_finalize__ __array_priority__ __array_namespace__ __getattr__ __getattribute__
+    __instancecheck__ __subclasscheck__ __del__
+""")
+
+# Strings that name the kit's files, other processes or the grader's outputs.
+KIT_PATHS = re.compile(r"""[/\\](solutions|tests|hidden|fixtures|sandbox|impl|kit)\b|\b(solutions|tests|hidden|fixtures)[/\\]
+                         |\.npz\b|\.pyc\b|\.\./|^/(proc|etc|sys|dev|root|home)\b|gradebook|results?\.json|conftest
+                         |\.hypothesis""", re.X)
+
+# Modules lab code uses without a note besides the standard library: NumPy, the kit's
+# student helpers (gptkit's public names and these submodules) and earlier labs' modules.
+BASE_MODULES = ("numpy", "gptkit")
+_STDLIB = frozenset(sys.stdlib_module_names)
 
 
 @dataclass(frozen=True)
-class Violation:
+class Finding:
     line: int
     what: str
 
@@ -204,398 +137,159 @@ class Violation:
         return f"line {self.line}: {self.what}"
 
 
-@lru_cache(maxsize=None)
-def lab_api(module: str, root: Path = KIT_ROOT) -> frozenset[str] | None:
-    """The public names the kit's stub of an earlier lab's module defines, or None.
-
-    Read from ``labs/NN_name/src/<module>.py`` (the copy students start from): its
-    functions, classes and constants, not what it imports.
-    """
-    for stub in sorted(root.glob(f"labs/*/src/{module}.py")):
-        tree = ast.parse(stub.read_text(encoding="utf-8"))
-        names: set[str] = set()
-        for node in tree.body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                names.add(node.name)
-            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-                for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
-                    names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
-        return frozenset(n for n in names if not n.startswith("_"))
+def _covered(name: str, table: Iterable[str]) -> str | None:
+    """The entry of ``table`` that ``name`` is, or lies under (``os.path`` under ``os``)."""
+    for key in table:
+        if name == key or name.startswith(key + "."):
+            return key
     return None
 
 
-class _Scope:
-    def __init__(self, kind: str, parent: _Scope | None):
-        self.kind = kind  # "module", "class", "function" (lambdas too) or "comprehension"
-        self.parent = parent
-        self.bound: set[str] = set()
-        self.declared_global: set[str] = set()
-        self.declared_nonlocal: set[str] = set()
-        self.modules: dict[str, str] = {}  # name → dotted module it is bound to by an import
-        self.other_bindings: dict[str, int] = {}  # name → line, bound by anything but an import
+class _Review(ast.NodeVisitor):
+    def __init__(self, modules: Iterable[str]):
+        self.modules = list(BASE_MODULES) + list(modules)
+        self.out: set[Finding] = set()
+        self.aliases: dict[str, str] = {}  # local name → the qualified name it was imported as
+        self.bound: set[str] = set()  # every name the file binds other than by import
 
-    @property
-    def module(self) -> _Scope:
-        s = self
-        while s.parent is not None:
-            s = s.parent
-        return s
+    def note(self, node: ast.AST, what: str) -> None:
+        self.out.add(Finding(getattr(node, "lineno", 0), what))
 
+    # -- names and imports ----------------------------------------------------------------
+    def collect(self, tree: ast.AST) -> None:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    self.aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for a in node.names:
+                    if a.name != "*":
+                        self.aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                self.bound.add(node.name)
+            elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+                self.bound.add(node.id)
+            elif isinstance(node, ast.arg):
+                self.bound.add(node.arg)
 
-class _Checker:
-    def __init__(self, allowed_modules: Iterable[str], allowed_names: Iterable[str],
-                 allowed_attrs: Iterable[str], lab_apis: Mapping[str, Iterable[str]] | None):
-        self.allowed_modules = list(allowed_modules)
-        self.allowed_names = set(allowed_names)
-        attrs = set(allowed_attrs)
-        self.allowed_attr_anywhere = {a for a in attrs if "." not in a}
-        self.allowed_attr_dotted = {a for a in attrs if "." in a}
-        self.tables: dict[str, frozenset[str]] = dict(MODULE_ATTRS)
-        for mod in self.allowed_modules:
-            if mod not in self.tables:
-                api = lab_apis.get(mod) if lab_apis is not None else lab_api(mod)
-                self.tables[mod] = frozenset(api or ())
-        self.out: list[Violation] = []
-        self.parent: dict[ast.AST, ast.AST] = {}
-        self.loads: list[tuple[ast.Name, _Scope]] = []
-        self.chains: list[tuple[ast.Attribute, _Scope]] = []
-        self.store_targets: list[tuple[ast.AST, _Scope]] = []
-        self.scopes: list[_Scope] = []
+    def check_module(self, node: ast.AST, name: str) -> None:
+        key = _covered(name, REVIEW_MODULES)
+        if key:
+            self.note(node, f"imports `{name}`: {REVIEW_MODULES[key]}")
+        elif name.split(".")[0] not in _STDLIB and not _covered(name, self.modules) and not any(
+                m.startswith(name + ".") for m in self.modules):
+            self.note(node, f"imports `{name}`, which is neither the standard library nor a module this lab "
+                            "uses (NumPy, the kit's helpers, earlier labs)")
 
-    def flag(self, node: ast.AST | int, what: str) -> None:
-        line = node if isinstance(node, int) else getattr(node, "lineno", 0)
-        self.out.append(Violation(line, what))
+    def visit_Import(self, node: ast.Import) -> None:
+        for a in node.names:
+            self.check_module(node, a.name)
+            self.check_qualified(node, a.name)  # import numpy.testing
 
-    # -- imports ------------------------------------------------------------------------
-    def importable(self, name: str) -> bool:
-        if name in self.allowed_modules:
-            return True
-        return name in MODULE_ATTRS and any(name.startswith(a + ".") for a in self.allowed_modules)
-
-    def allowed_on_module(self, module: str, attr: str) -> bool:
-        return (attr in self.tables.get(module, ()) or attr in self.allowed_attr_anywhere
-                or f"{module}.{attr}" in self.allowed_attr_dotted)
-
-    def is_module(self, dotted: str) -> bool:
-        return dotted in self.tables
-
-    def allowed_text(self) -> str:
-        return ", ".join(sorted(set(self.allowed_modules)))
-
-    # -- pass 1: scopes and what each name refers to ------------------------------------
-    def bind(self, scope: _Scope, name: str, line: int, module: str | None = None, *, is_def: bool = False) -> None:
-        if name in scope.declared_nonlocal:
-            return
-        target = scope.module if name in scope.declared_global else scope
-        target.bound.add(name)
-        if module is not None:
-            if target.modules.get(name, module) != module:
-                self.flag(line, f"binds `{name}` to two different modules")
-            target.modules[name] = module
-        else:
-            target.other_bindings.setdefault(name, line)
-        if name.startswith("__") and name.endswith("__") and name not in ALLOWED_DUNDER_BINDINGS and not is_def:
-            self.flag(line, f"binds the special name `{name}` (objects with custom comparison or "
-                            "conversion behaviour, and changes to Python's machinery, are not allowed)")
-
-    def walk(self, node: ast.AST, scope: _Scope) -> None:
-        for child in ast.iter_child_nodes(node):
-            self.parent[child] = node
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            if not isinstance(node, ast.Lambda):
-                self.bind(scope, node.name, node.lineno, is_def=True)
-                if (node.name.startswith("__") and node.name.endswith("__")
-                        and node.name not in ALLOWED_DUNDER_DEFS):
-                    self.flag(node, f"defines `{node.name}` (objects with custom comparison or "
-                                    "conversion behaviour are not allowed)")
-                for d in node.decorator_list:
-                    self.walk(d, scope)
-                if node.returns:
-                    self.walk(node.returns, scope)
-            a = node.args
-            for d in [*a.defaults, *[d for d in a.kw_defaults if d is not None]]:
-                self.walk(d, scope)
-            params = [*a.posonlyargs, *a.args, *a.kwonlyargs, *filter(None, [a.vararg, a.kwarg])]
-            for p in params:
-                self.parent[p] = node
-                if p.annotation is not None:
-                    self.parent[p.annotation] = p
-                    self.walk(p.annotation, scope)
-            inner = _Scope("function", scope)
-            self.scopes.append(inner)
-            for p in params:
-                self.bind(inner, p.arg, getattr(p, "lineno", node.lineno))
-            for stmt in (node.body if isinstance(node.body, list) else [node.body]):
-                self.walk(stmt, inner)
-        elif isinstance(node, ast.ClassDef):
-            self.bind(scope, node.name, node.lineno)
-            for e in [*node.decorator_list, *node.bases, *node.keywords]:
-                self.walk(e, scope)
-            inner = _Scope("class", scope)
-            self.scopes.append(inner)
-            for stmt in node.body:
-                self.walk(stmt, inner)
-        elif isinstance(node, (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
-            gens = node.generators
-            self.walk(gens[0].iter, scope)  # evaluated in the enclosing scope
-            inner = _Scope("comprehension", scope)
-            self.scopes.append(inner)
-            for i, g in enumerate(gens):
-                self.parent[g] = node
-                for c in ast.iter_child_nodes(g):
-                    self.parent[c] = g
-                self.walk(g.target, inner)
-                if i:
-                    self.walk(g.iter, inner)
-                for cond in g.ifs:
-                    self.walk(cond, inner)
-            for part in ([node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]):
-                self.walk(part, inner)
-        elif isinstance(node, ast.NamedExpr):
-            # ``(x := …)`` in a comprehension binds x in the scope around the comprehension.
-            home = scope
-            while home.kind == "comprehension":
-                home = home.parent
-            self.walk(node.value, scope)
-            self.parent[node.target] = node
-            self.bind(home, node.target.id, node.lineno)
-            self.loads.append((node.target, scope))  # it is read there too, as the expression's value
-        elif isinstance(node, ast.Global):
-            scope.declared_global.update(node.names)
-        elif isinstance(node, ast.Nonlocal):
-            scope.declared_nonlocal.update(node.names)
-        elif isinstance(node, ast.Import):
-            for alias in node.names:
-                self.check_import(node, alias, scope)
-        elif isinstance(node, ast.ImportFrom):
-            self.check_import_from(node, scope)
-        else:
-            if isinstance(node, ast.Name):
-                if isinstance(node.ctx, ast.Load):
-                    self.loads.append((node, scope))
-                else:
-                    self.bind(scope, node.id, node.lineno)
-            elif isinstance(node, ast.ExceptHandler) and node.name:
-                self.bind(scope, node.name, node.lineno)
-            elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
-                self.bind(scope, node.name, node.lineno)
-            elif isinstance(node, ast.MatchMapping) and node.rest:
-                self.bind(scope, node.rest, node.lineno)
-            if isinstance(node, ast.Attribute):
-                outer = self.parent.get(node)
-                if not (isinstance(outer, ast.Attribute) and outer.value is node):
-                    self.chains.append((node, scope))
-            if isinstance(node, (ast.Assign, ast.Delete)):
-                self.store_targets += [(t, scope) for t in node.targets]
-            elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For, ast.AsyncFor)):
-                self.store_targets.append((node.target, scope))
-            elif isinstance(node, ast.withitem) and node.optional_vars is not None:
-                self.store_targets.append((node.optional_vars, scope))
-            for child in ast.iter_child_nodes(node):
-                self.walk(child, scope)
-
-    def check_import(self, node: ast.Import, alias: ast.alias, scope: _Scope) -> None:
-        name = alias.name
-        if not self.importable(name):
-            self.flag(node, f"imports {name}, which lab code may not import (allowed: {self.allowed_text()})")
-        if alias.asname:
-            if self.importable(name):
-                self.bind(scope, alias.asname, node.lineno, module=name)
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.level or not node.module:
+            return  # nothing is importable relative to a lab file
+        self.check_module(node, node.module)
+        for a in node.names:
+            full = f"{node.module}.{a.name}"
+            if _covered(full, REVIEW_MODULES) and not _covered(node.module, REVIEW_MODULES):
+                self.check_module(node, full)
             else:
-                self.bind(scope, alias.asname, node.lineno, module="<refused>")
-        else:
-            root = name.split(".")[0]
-            ok = self.is_module(root) and any(m == root or m.startswith(root + ".") for m in self.allowed_modules)
-            self.bind(scope, root, node.lineno, module=root if ok else "<refused>")
+                self.check_qualified(node, full)
 
-    def check_import_from(self, node: ast.ImportFrom, scope: _Scope) -> None:
-        mod = node.module or ""
-        if node.level:
-            self.flag(node, "uses a relative import")
-            return
-        submodules_only = all(self.importable(f"{mod}.{a.name}") for a in node.names)
-        if not self.importable(mod) and not submodules_only:
-            self.flag(node, f"imports from {mod}, which lab code may not import (allowed: {self.allowed_text()})")
-            for alias in node.names:
-                if alias.name != "*":
-                    self.bind(scope, alias.asname or alias.name, node.lineno, module="<refused>")
-            return
-        for alias in node.names:
-            local = alias.asname or alias.name
-            full = f"{mod}.{alias.name}"
-            if alias.name == "*":
-                self.flag(node, f"uses `from {mod} import *` (import the names you need)")
-            elif self.is_module(full) and self.importable(full) and alias.name in self.tables[mod]:
-                self.bind(scope, local, node.lineno, module=full)
-            elif self.allowed_on_module(mod, alias.name) and not self.is_module(full):
-                if mod == "__future__":
-                    continue
-                self.bind(scope, local, node.lineno)
-            else:
-                why = HINTS.get(alias.name) if mod.startswith("numpy") else None
-                self.flag(node, f"imports `{alias.name}` from {mod}, which lab code may not use"
-                                f"{self.suggest(mod, alias.name)} ({why or WHAT_LABS_MAY_USE})")
-                self.bind(scope, local, node.lineno, module="<refused>" if self.is_module(full) else None)
-
-    # -- pass 2: judging names and attribute chains --------------------------------------
-    def resolve(self, name: str, scope: _Scope) -> _Scope | None:
-        """The scope that binds ``name`` as seen from ``scope``; None: a builtin (or undefined)."""
-        s, first = scope, True
-        while s is not None:
-            if name in s.declared_global:
-                s = s.module
-            if s.kind == "class" and not first:
-                s = s.parent
-                continue
-            if name in s.bound:
-                return s
-            s, first = s.parent, False
+    def qualified(self, node: ast.AST) -> str | None:
+        """``np.ctypeslib.as_array`` → ``numpy.ctypeslib.as_array`` when ``np`` is an import."""
+        parts = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        if isinstance(node, ast.Name) and node.id in self.aliases and node.id not in self.bound:
+            return ".".join([self.aliases[node.id], *reversed(parts)])
         return None
 
-    def module_of(self, node: ast.AST, scope: _Scope) -> str | None:
-        if isinstance(node, ast.Name):
-            s = self.resolve(node.id, scope)
-            if s is not None:
-                return s.modules.get(node.id)
-        return None
+    def check_qualified(self, node: ast.AST, name: str) -> None:
+        key = _covered(name, REVIEW_ATTRS)
+        if key:
+            self.note(node, f"uses `{key}`: {REVIEW_ATTRS[key]}")
 
-    def suggest(self, module: str, attr: str) -> str:
-        close = difflib.get_close_matches(attr, sorted(self.tables.get(module, ())), n=1, cutoff=0.8)
-        return f" (did you mean `{close[0]}`?)" if close else ""
+    def visit_Name(self, node: ast.Name) -> None:
+        if isinstance(node.ctx, ast.Load) and node.id in REVIEW_BUILTINS and node.id not in self.bound \
+                and node.id not in self.aliases:
+            self.note(node, f"uses `{node.id}`: {REVIEW_BUILTINS[node.id]}")
 
-    def shadows_denied_builtin(self, name: str) -> bool:
-        return name in _BUILTIN_NAMES and name not in ALLOWED_BUILTINS and name not in self.allowed_names
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        name = self.qualified(node)
+        if name is not None:
+            self.check_qualified(node, name)
+        if node.attr in OBJECT_REVIEW_ATTRS:
+            self.note(node, f"uses `.{node.attr}`, which leads to frames, code, globals or raw memory")
+        self.generic_visit(node)
 
-    def check_names(self) -> None:
-        for node, scope in self.loads:
-            where = self.resolve(node.id, scope)
-            up = self.parent.get(node)
-            if where is not None and where.kind in ("module", "class") and self.shadows_denied_builtin(node.id):
-                # ``open = open``: until the file's own binding runs, the name is the builtin.
-                self.flag(node, f"uses `{node.id}`, which this file binds "
-                                f"{'at module level' if where.kind == 'module' else 'in a class body'}: "
-                                "that is the name of a Python builtin lab code may not use; "
-                                "please pick another name")
-                continue
-            if where is not None:
-                module = where.modules.get(node.id)
-                if module and not (isinstance(up, ast.Attribute) and up.value is node) and module != "<refused>":
-                    self.flag(node, f"uses the module `{node.id}` as a value (use its functions as "
-                                    f"`{node.id}.name(...)`; modules may not be passed around or aliased)")
-                continue
-            name = node.id
-            if name in ALLOWED_BUILTINS or name in self.allowed_names:
-                continue
-            if name in RESTRICTED_BUILTINS:
-                call = up if isinstance(up, ast.Call) and up.func is node else None
-                use = self.parent.get(call) if call else None
-                if call and len(call.args) == 1 and not call.keywords and (
-                        (isinstance(use, ast.Attribute) and use.attr in TYPE_RESULT_ATTRS)
-                        or isinstance(use, ast.Compare)):
-                    continue
-                self.flag(node, "uses `type` other than as `type(x).__name__` or in a comparison "
-                                "(use isinstance to test a type)")
-            elif name in _BUILTIN_NAMES or (name.startswith("__") and name.endswith("__")):
-                self.flag(node, f"uses `{name}`, which lab code may not use (allowed builtins: "
-                                "the usual ones such as len, range, zip, isinstance, print)")
+    # -- strings, special methods, stores -------------------------------------------------
+    def visit_Constant(self, node: ast.Constant) -> None:
+        if isinstance(node.value, str):
+            s = node.value
+            if s in OBJECT_REVIEW_ATTRS or s in REVIEW_SPECIAL_METHODS - {"__eq__", "__ne__"}:
+                self.note(node, f"names the attribute `{s}` in a string")
+            elif len(s) < 300 and KIT_PATHS.search(s):
+                self.note(node, f"names a path of the kit, the grader or another process: {s[:60]!r}")
 
-    def check_chains(self) -> None:
-        for outer, scope in self.chains:
-            attrs: list[ast.Attribute] = []
-            node: ast.AST = outer
-            while isinstance(node, ast.Attribute):
-                attrs.append(node)
-                node = node.value
-            attrs.reverse()
-            module = self.module_of(node, scope)
-            if module == "<refused>":
-                continue  # its import is already reported
-            start = 0
-            if module is not None:
-                shown = node.id
-                for i, a in enumerate(attrs):
-                    shown += "." + a.attr
-                    sub = f"{module}.{a.attr}"
-                    if self.is_module(sub) and a.attr in self.tables[module]:
-                        module = sub
-                        continue
-                    if self.allowed_on_module(module, a.attr):
-                        module, start = None, i + 1
-                        break
-                    why = HINTS.get(a.attr) if module.startswith("numpy") else None
-                    self.flag(a, f"uses `{shown}`, which lab code may not touch"
-                                 f"{self.suggest(module, a.attr)} ({why or WHAT_LABS_MAY_USE})")
-                    module, start = None, len(attrs)
-                    break
-                if module is not None:
-                    self.flag(outer, f"uses the module `{shown}` as a value (use its functions as "
-                                     f"`{shown}.name(...)`)")
-                    continue
-            for a in attrs[start:]:
-                self.check_object_attr(a, scope)
+    def _special(self, node: ast.AST, name: str) -> None:
+        if name in REVIEW_SPECIAL_METHODS:
+            self.note(node, f"defines `{name}`, which changes what a comparison or NumPy sees of an object")
 
-    def check_object_attr(self, a: ast.Attribute, scope: _Scope) -> None:
-        attr = a.attr
-        if attr in self.allowed_attr_anywhere:
-            return
-        if attr.startswith("__") and attr.endswith("__"):
-            if attr not in ALLOWED_DUNDER_ATTRS:
-                self.flag(a, f"touches the special attribute `{attr}`")
-        elif attr.startswith("_"):
-            owner = a.value
-            if not (isinstance(owner, ast.Name) and owner.id in ("self", "cls")
-                    and self.resolve(owner.id, scope) is not None):
-                self.flag(a, f"touches the private attribute `{attr}` of another object")
-        elif attr in OBJECT_DENIED_ATTRS:
-            self.flag(a, f"uses `.{attr}`, which reaches files, raw memory or the interpreter's internals")
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        self._special(node, node.name)
+        self.generic_visit(node)
 
-    def check_stores(self) -> None:
-        """Assignments into an imported module (monkeypatching numpy, the kit, the tests)."""
-        def roots(t):
-            if isinstance(t, (ast.Tuple, ast.List)):
-                for e in t.elts:
-                    yield from roots(e)
-            elif isinstance(t, ast.Starred):
-                yield from roots(t.value)
-            elif isinstance(t, (ast.Attribute, ast.Subscript)):
-                r = t
-                while isinstance(r, (ast.Attribute, ast.Subscript)):
-                    r = r.value
-                yield r
+    visit_AsyncFunctionDef = visit_FunctionDef
 
-        for target, scope in self.store_targets:
-            for r in roots(target):
-                if self.module_of(r, scope):
-                    self.flag(target, f"modifies the module `{r.id}` (monkeypatching)")
+    def _stores(self, targets: Iterable[ast.AST]) -> None:
+        for t in targets:
+            for sub in ast.walk(t):
+                if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                    self._special(sub, sub.id)
+                if isinstance(sub, (ast.Attribute, ast.Subscript)) and isinstance(sub.ctx, (ast.Store, ast.Del)):
+                    root = sub
+                    while isinstance(root, (ast.Attribute, ast.Subscript)):
+                        root = root.value
+                    if isinstance(root, ast.Name) and self.qualified(root) is not None:
+                        self.note(sub, f"modifies the imported module `{root.id}` (monkeypatching)")
 
-    def check_rebinding(self) -> None:
-        for s in self.scopes:
-            for name in s.modules.keys() & s.other_bindings.keys():
-                self.flag(s.other_bindings[name], f"rebinds `{name}`, the name of an imported module")
+    def visit_Assign(self, node: ast.Assign) -> None:
+        self._stores(node.targets)
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node) -> None:
+        self._stores([node.target])
+        self.generic_visit(node)
+
+    visit_AnnAssign = visit_AugAssign
+
+    def visit_Delete(self, node: ast.Delete) -> None:
+        self._stores(node.targets)
+        self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        f = node.func
+        if isinstance(f, ast.Name) and f.id in ("setattr", "delattr") and f.id not in self.bound and node.args:
+            if self.qualified(node.args[0]) is not None:
+                self.note(node, f"modifies an imported module with `{f.id}` (monkeypatching)")
+        self.generic_visit(node)
 
 
-def check_source(source: str, allowed_modules: list[str], *, allowed_names=(), allowed_attrs=(),
-                 lab_apis: Mapping[str, Iterable[str]] | None = None) -> list[Violation]:
-    """Policy violations in one module's source (empty list: fine to run).
+def review_source(source: str, modules: Iterable[str] = ()) -> list[Finding]:
+    """What in one lab module's source is worth an instructor's look (empty: nothing).
 
-    ``allowed_modules`` lists the importable modules (e.g. "numpy", "scipy.special", and
-    the earlier labs' module names; a listed module's submodules in ``MODULE_ATTRS`` come
-    with it). ``allowed_names`` adds builtins (lab 05: ``open``); ``allowed_attrs`` adds
-    attributes, bare (``memmap``: on any module or object) or dotted (``json.dump``).
-    ``lab_apis`` maps an earlier lab's module to its public names; by default they are
-    read from the kit's stubs. A syntax error is not reported here: the tests report it,
-    with its line, when they import the file.
+    ``modules`` are the modules beyond the standard library, NumPy and the kit's helpers
+    that the lab uses without a note: earlier labs' modules and the rubric's
+    ``allowed_imports`` (e.g. ``scipy.special``).
     """
     try:
         tree = ast.parse(source)
-    except SyntaxError:
+    except (SyntaxError, ValueError):
         return []
-    checker = _Checker(allowed_modules, allowed_names, allowed_attrs, lab_apis)
-    top = _Scope("module", None)
-    checker.scopes.append(top)
-    checker.walk(tree, top)
-    checker.check_names()
-    checker.check_chains()
-    checker.check_stores()
-    checker.check_rebinding()
-    return sorted(set(checker.out), key=lambda v: (v.line, v.what))
+    review = _Review(modules)
+    review.collect(tree)
+    review.visit(tree)
+    return sorted(review.out, key=lambda f: (f.line, f.what))

@@ -24,37 +24,23 @@ def grader(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def lax_grader(tmp_path_factory):
-    """The same grader with the static policy off: proves the sandbox holds on its own."""
-    g = Grader(tmp_path_factory.mktemp("grading-lax"), LABS, limits=FAST, log=lambda *_: None,
-               enforce_policy=False)
+def two_lab_grader(tmp_path_factory):
+    """Labs 01–02, in the configuration instructors get: the static review only notes, so
+    the process split and the sandbox alone stand between lab code and the score."""
+    g = Grader(tmp_path_factory.mktemp("grading-two"), ["01", "02"], limits=FAST, log=lambda *_: None)
     (g.out_dir / ".scratch").mkdir(parents=True, exist_ok=True)
     g.prepare()
     return g
 
 
-@pytest.fixture(scope="session")
-def two_lab_graders(tmp_path_factory):
-    """Labs 01–02, with the static policy on and off (off: the process split and the
-    sandbox alone stand between lab code and the score)."""
-    out = {}
-    for mode, enforce in (("policy", True), ("no-policy", False)):
-        g = Grader(tmp_path_factory.mktemp(f"grading-{mode}"), ["01", "02"], limits=FAST, log=lambda *_: None,
-                   enforce_policy=enforce)
-        (g.out_dir / ".scratch").mkdir(parents=True, exist_ok=True)
-        g.prepare()
-        out[mode] = g
-    return out
-
-
 @pytest.fixture
 def make_submission(tmp_path):
     """make_submission(name, edits={"01_causal_mask/causal_mask.py": [(find, replace)]},
-    extra={"relative/path": "text"}, drop=["03_layernorm_ffn/layers.py"]) -> folder."""
+    extra={"relative/path": "text"}, drop=["03_layernorm_ffn/layers.py"], base=ALICE) -> folder."""
 
-    def make(name="student", edits=None, extra=None, drop=()):
+    def make(name="student", edits=None, extra=None, drop=(), base=ALICE):
         root = tmp_path / name
-        shutil.copytree(ALICE, root)
+        shutil.copytree(base, root)
         for rel, pairs in (edits or {}).items():
             lab, fname = rel.split("/")
             f = root / "labs" / lab / "src" / fname

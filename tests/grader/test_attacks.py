@@ -7,9 +7,12 @@ import zipfile
 
 import pytest
 
+from gptkit.testing.layout import KIT_ROOT
+
 SOFTMAX_LINE = "    m = x.max(axis=axis, keepdims=True)\n"
 IMPORT_LINE = "import numpy as np\n"
 CM = "01_causal_mask/causal_mask.py"
+STUB = (KIT_ROOT / "labs" / "01_causal_mask" / "src" / "causal_mask.py").read_text()
 
 
 def lab_points(result, lab):
@@ -42,12 +45,6 @@ def test_honest_submission_gets_full_marks(grader, make_submission, full_marks):
     assert not all_flags_text(r)
 
 
-def test_sleeping_is_flagged_and_not_run(grader, make_submission, full_marks):
-    sub = make_submission(edits={CM: [(IMPORT_LINE, IMPORT_LINE + "import time\n"),
-                                      (SOFTMAX_LINE, "    time.sleep(1000)\n" + SOFTMAX_LINE)]})
-    assert_only_lab1_broken(grade(grader, sub), full_marks, ["imports time"])
-
-
 @pytest.mark.parametrize("code,flag", [
     ("    while True:\n        pass\n", "time limit"),
     ("    hog = [np.ones((1024, 1024)) for _ in range(100000)]\n", "memory"),
@@ -63,23 +60,32 @@ def test_runaway_code_is_stopped(grader, make_submission, full_marks, code, flag
 
 
 @pytest.mark.parametrize("code,words", [
-    ("import os\nwhile True:\n    os.fork()\n", ["imports os"]),
-    ("import sys\nsys.exit(0)\n", ["imports sys"]),
-    ("import torch\n", ["imports torch"]),
+    ("import os\nwhile True:\n    os.fork()\n", ["os.fork"]),
+    ("import sys\nsys.exit(0)\n", ["sys.exit"]),
+    ("import torch\n", ["torch"]),
     ("np.allclose = lambda *a, **k: True\n", ["monkeypatching"]),
     ("import numpy.testing\nnumpy.testing.assert_allclose = print\n", ["numpy.testing"]),
     ("class Same:\n    def __eq__(self, other):\n        return True\n", ["__eq__"]),
     ("exec('import os')\n", ["exec"]),
-    ("x = open('/etc/passwd').read()\n", ["open"]),
-    ("np.load('../kit/tests/01_causal_mask/fixtures/softmax.npz')\n", [".load"]),
-    ("f = ().__class__.__base__.__subclasses__()\n", ["__class__"]),
+    ("x = open('/etc/passwd').read()\n", ["/etc/passwd"]),
+    ("np.load('../kit/tests/01_causal_mask/fixtures/softmax.npz')\n", ["path of the kit"]),
+    ("f = ().__class__.__base__.__subclasses__()\n", ["__subclasses__"]),
     ("from gptkit.testing import fixtures\n", ["gptkit.testing"]),
-])
-def test_policy_flags_and_skips(grader, make_submission, full_marks, code, words):
-    sub = make_submission(edits={CM: [(IMPORT_LINE, IMPORT_LINE + code)]})
+    ("import gc as g\nLIVE = g.get_objects()\n", ["imports `gc`"]),
+    ("G = getattr(np.ones, '__globals__', None)\n", ["__globals__"]),
+    ("import importlib\nM = importlib.import_module('tests')\n", ["importlib"]),
+], ids=["fork_bomb", "sys_exit", "torch", "patch_numpy", "patch_testing", "fake_eq", "exec", "read_host",
+        "read_fixture", "subclasses", "kit_testing", "gc", "globals", "importlib"])
+def test_attacks_run_score_nothing_and_are_noted_for_review(grader, make_submission, full_marks, code, words):
+    """The configuration instructors get: lab 01 left as the stub, plus an attack. The
+    static review notes the attack for the instructor but stops nothing; the attack runs,
+    and the sandbox alone keeps it from a point. Labs 02–03, honest, keep full credit."""
+    sub = make_submission(extra={f"labs/{CM.replace('/', '/src/')}": STUB.replace(IMPORT_LINE, IMPORT_LINE + code, 1)})
     r = grade(grader, sub)
     assert_only_lab1_broken(r, full_marks, words)
-    assert all(t.outcome == "not run" for t in r.labs[L1].tests), "a flagged lab must not run"
+    assert any(t.outcome != "not run" for t in r.labs[L1].tests) or "SystemExit" in r.labs[L1].tests[0].message, \
+        "the review must not stop a file from running"
+    assert any(f.startswith("for review: ") for f in r.labs[L1].flags), r.labs[L1].flags
 
 
 def test_exit_at_import_without_imports(grader, make_submission, full_marks):
@@ -126,22 +132,22 @@ def test_syntax_error(grader, make_submission, full_marks):
     assert r.labs[L2].points == full_marks[L2]
 
 
-# --- the sandbox on its own (policy off) ------------------------------------------------
+# --- what the sandbox refuses, on honest code around it ------------------------------------
 
-def test_sandbox_blocks_reading_the_kit_and_host(lax_grader, make_submission):
+def test_sandbox_blocks_reading_the_kit_and_host(grader, make_submission):
     code = ("def _peek(p):\n    try:\n        return open(p).read()\n    except Exception as e:\n        return str(e)\n"
             f"LEAK = [_peek(p) for p in ('{os.path.abspath('solutions/01_causal_mask/causal_mask.py')}',"
             " '../kit/tests/01_causal_mask/test_causal_mask.py', '/etc/hostname')]\n"
             "print(LEAK)\n")
     sub = make_submission(edits={CM: [(IMPORT_LINE, IMPORT_LINE + code)]})
-    r = lax_grader.grade("s", sub)
+    r = grader.grade("s", sub)
     text = all_flags_text(r)
     assert "blocked" in text and "test_causal_mask.py" in text, text  # the audit hook, whatever the isolation
     # honest code otherwise: it still earns its points
-    assert r.labs[L1].points == lax_grader.rubric[L1].points
+    assert r.labs[L1].points == grader.rubric[L1].points
 
 
-def test_sandbox_blocks_torch_processes_and_writing_outside(lax_grader, make_submission, tmp_path):
+def test_sandbox_blocks_torch_processes_and_writing_outside(grader, make_submission, tmp_path):
     target = tmp_path / "gradebook.csv"
     code = ("def _try(f):\n    try:\n        f()\n    except BaseException as e:\n        return repr(e)\n"
             "import os, subprocess\n"
@@ -149,26 +155,26 @@ def test_sandbox_blocks_torch_processes_and_writing_outside(lax_grader, make_sub
             "     _try(lambda: subprocess.run(['true'])),\n"
             f"     _try(lambda: open({str(target)!r}, 'w').write('evil,100'))]\n")
     sub = make_submission(edits={CM: [(IMPORT_LINE, IMPORT_LINE + code)]})
-    r = lax_grader.grade("s", sub)
+    r = grader.grade("s", sub)
     text = all_flags_text(r)
     assert not target.exists(), "the sandbox let lab code write outside its scratch folder"
     assert "torch" in text and ("os.fork" in text or "subprocess" in text), text
 
 
-def test_sandbox_os_exit_in_a_test_only_costs_that_lab(lax_grader, make_submission, full_marks):
+def test_sandbox_os_exit_in_a_test_only_costs_that_lab(grader, make_submission, full_marks):
     sub = make_submission(edits={CM: [(IMPORT_LINE, IMPORT_LINE + "import os\n"),
                                       (SOFTMAX_LINE, "    os._exit(0)\n" + SOFTMAX_LINE)]})
-    r = lax_grader.grade("s", sub)
+    r = grader.grade("s", sub)
     assert r.labs[L1].points < full_marks[L1] / 2
     assert r.labs[L2].points == full_marks[L2] and r.labs[L3].points == full_marks[L3]
     assert "process ended" in all_flags_text(r), all_flags_text(r)
 
 
-def test_sandbox_fake_equal_objects_score_nothing(lax_grader, make_submission):
+def test_sandbox_fake_equal_objects_score_nothing(grader, make_submission):
     code = ("class Same:\n    def __eq__(self, o):\n        return True\n    __array_priority__ = 1000\n")
     sub = make_submission(edits={CM: [(IMPORT_LINE, IMPORT_LINE + code),
                                       (SOFTMAX_LINE, "    return Same()\n" + SOFTMAX_LINE)]})
-    r = lax_grader.grade("s", sub)
+    r = grader.grade("s", sub)
     softmax_tests = [t for t in r.labs[L1].tests if "softmax" in t.nodeid]
     assert softmax_tests and all(t.outcome != "passed" for t in softmax_tests)
 

@@ -146,7 +146,7 @@ def test_a_lab_past_its_time_limit_leaves_the_next_labs_their_points(tmp_path, m
     from grader.grade import Grader
     from grader.sandbox.runner import Limits
 
-    g = Grader(tmp_path / "out", ["01", "02", "03"], log=lambda *_: None, enforce_policy=False,  # for time.sleep
+    g = Grader(tmp_path / "out", ["01", "02", "03"], log=lambda *_: None,
                limits=Limits(wall_seconds=300, lab_seconds=20, test_seconds=2, memory_mb=1024,
                              test_wall_backstop=60))
     (g.out_dir / ".scratch").mkdir(parents=True)

@@ -1,7 +1,7 @@
-"""No submission can forge its score: lab 01 left as the stub, plus an attack, scores 0,
-with the static policy on (the attack is flagged and not run) and off (the attack runs:
-only the process split and the sandbox stand between it and the score). Lab 02, honest,
-keeps full credit in the same submission.
+"""No submission can forge its score: lab 01 left as the stub, plus an attack, scores 0 in
+the configuration instructors get. The attack runs (the static review only notes it): the
+process split and the sandbox alone stand between it and the score. Lab 02, honest, keeps
+full credit in the same submission.
 
 The attacks are written as an attacker would, not against a known weakness: each wraps
 every stub function, so its payload runs inside a test, in the process that holds the
@@ -179,34 +179,31 @@ def _submission(make_submission, attack):
     return sub
 
 
-@pytest.mark.parametrize("mode", ["policy", "no-policy"])
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
-def test_stub_plus_attack_scores_nothing(two_lab_graders, make_submission, mode, attack):
-    g = two_lab_graders[mode]
+def test_stub_plus_attack_scores_nothing(two_lab_grader, make_submission, attack):
+    g = two_lab_grader
     r = g.grade("mallory", _submission(make_submission, attack))
     lab1, lab2 = r.labs["01_causal_mask"], r.labs["02_embeddings"]
     passed = [t.nodeid for t in lab1.tests if t.outcome == "passed"]
-    assert lab1.points == 0 and not passed, f"{attack} ({mode}) scored {lab1.points}: {passed[:5]}"
+    assert lab1.points == 0 and not passed, f"{attack} scored {lab1.points}: {passed[:5]}"
+    assert any(t.outcome != "not run" for t in lab1.tests), "the attack must run: the review only notes"
     assert lab2.points == g.rubric["02_embeddings"].points, (
-        f"{attack} ({mode}) cost the honest lab 02 points", [(t.nodeid, t.message) for t in lab2.tests
-                                                             if t.outcome != "passed"][:3])
-    if mode == "policy":
-        assert all(t.outcome == "not run" for t in lab1.tests), "a flagged lab must not run"
-        assert any("policy" in f for f in r.flags)
+        f"{attack} cost the honest lab 02 points", [(t.nodeid, t.message) for t in lab2.tests
+                                                    if t.outcome != "passed"][:3])
 
 
-def test_results_that_are_not_plain_data_are_refused_with_a_reason(two_lab_graders, make_submission):
-    r = two_lab_graders["no-policy"].grade("s", _submission(make_submission, "fake-equal"))
+def test_results_that_are_not_plain_data_are_refused_with_a_reason(two_lab_grader, make_submission):
+    r = two_lab_grader.grade("s", _submission(make_submission, "fake-equal"))
     softmax = [t for t in r.labs["01_causal_mask"].tests if "softmax" in t.nodeid]
     assert softmax and all(t.outcome == "failed" for t in softmax)
     assert any("plain Python values" in t.message and "Same" in t.message for t in softmax), softmax[0].message
 
 
 @pytest.mark.parametrize("attack", ["forge-results", "scavenge-expected", "borrow-reference"])
-def test_without_bubblewrap_the_split_still_holds(two_lab_graders, make_submission, attack):
+def test_without_bubblewrap_the_split_still_holds(two_lab_grader, make_submission, attack):
     """No bubblewrap (the grader warns): the lab process is still another process, and as
-    root another user; the policy off, the attack still scores nothing."""
-    g = two_lab_graders["no-policy"]
+    root another user; the attack still scores nothing."""
+    g = two_lab_grader
     g.isolation = "rlimits"
     try:
         r = g.grade("mallory", _submission(make_submission, attack))
@@ -216,7 +213,7 @@ def test_without_bubblewrap_the_split_still_holds(two_lab_graders, make_submissi
     assert r.labs["02_embeddings"].points == g.rubric["02_embeddings"].points
 
 
-def test_where_the_kernel_walls_hold_one_zygote_forks_the_lab_processes(two_lab_graders, make_submission,
+def test_where_the_kernel_walls_hold_one_zygote_forks_the_lab_processes(two_lab_grader, make_submission,
                                                                         monkeypatch):
     """With seccomp and Landlock, one process per submission loads NumPy once and forks each
     lab's process, whose sandbox then holds every lab's tree: the kernel's Landlock fence
@@ -228,7 +225,7 @@ def test_where_the_kernel_walls_hold_one_zygote_forks_the_lab_processes(two_lab_
     started = []
     start = runner._LabProcesses.start_zygote
     monkeypatch.setattr(runner._LabProcesses, "start_zygote", lambda self: (started.append(self), start(self))[1])
-    g = two_lab_graders["no-policy"]
+    g = two_lab_grader
     r = g.grade("mallory", _submission(make_submission, "borrow-reference"))
     assert started, "the lab processes did not come from a zygote"
     assert r.labs["01_causal_mask"].points == 0
@@ -236,12 +233,12 @@ def test_where_the_kernel_walls_hold_one_zygote_forks_the_lab_processes(two_lab_
 
 
 @pytest.mark.parametrize("attack", ["forge-results", "scavenge-expected", "borrow-reference"])
-def test_lab_processes_started_one_by_one_hold_too(two_lab_graders, make_submission, monkeypatch, attack):
+def test_lab_processes_started_one_by_one_hold_too(two_lab_grader, make_submission, monkeypatch, attack):
     """Without the two kernel walls, each lab's process starts alone, in a sandbox that
-    holds its own lab's tree only (and, as root, as its own user): the policy off, the
-    attack still scores nothing."""
+    holds its own lab's tree only (and, as root, as its own user): the attack still scores
+    nothing."""
     monkeypatch.setattr(runner, "USE_ZYGOTE", False)
-    g = two_lab_graders["no-policy"]
+    g = two_lab_grader
     r = g.grade("mallory", _submission(make_submission, attack))
     assert r.labs["01_causal_mask"].points == 0
     assert r.labs["02_embeddings"].points == g.rubric["02_embeddings"].points
