@@ -158,9 +158,28 @@ def cmd_gradescope(args) -> int:
     return 0
 
 
+def cmd_check(args) -> int:
+    from grader import check
+
+    try:
+        return check.run(args.labs)
+    except ValueError as exc:
+        print(f"grader check: {exc}", file=sys.stderr)
+        return 2
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="grader", description="Instructor tools for the NumPy GPT lab kit.")
+    full_kit = (KIT_ROOT / "solutions").is_dir()  # a student's copy offers `check` alone
+    p = argparse.ArgumentParser(prog="grader", description="Instructor tools for the NumPy GPT lab kit." if full_kit
+                                else "Check your labs as the grader will run them.")
     sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("check", help="run labs as the grader will (its sandbox, limits and review notes), "
+                                     "before handing them in")
+    s.add_argument("labs", nargs="*", help="labs to check, e.g. labs/03_layernorm_ffn or 03 (default: all)")
+    s.set_defaults(func=cmd_check)
+    if not full_kit:
+        return p
 
     s = sub.add_parser("stubs", help="regenerate labs/*/src from solutions/ (the single source of truth)")
     s.add_argument("--check", action="store_true", help="only report stubs that are out of date (exit 1 if any)")

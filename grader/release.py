@@ -1,14 +1,14 @@
 """``grader release OUT``: the student copy of the kit.
 
 It holds the stubs, the lab READMEs, the public tests with their fixtures, the docs,
-the ``gptkit`` helpers, a student README, and pyproject/uv.lock. It holds no solutions,
-no hidden tests, no bug catalogue, no grader — and it is checked: no line of any
-solution block may appear in any file of the release.
+the ``gptkit`` helpers, the ``grader`` package (in a copy without solutions it offers
+``grader check`` alone: a student runs their labs as the grader will), a student README,
+and pyproject/uv.lock. It holds no solutions, no hidden tests, no bug catalogue — and it
+is checked: no line of any solution block may appear in any file of the release.
 """
 
 from __future__ import annotations
 
-import re
 import shutil
 from pathlib import Path
 
@@ -62,12 +62,6 @@ def find_leaks(root: Path, solutions: Path = KIT_ROOT / "solutions") -> list[str
     return leaks
 
 
-def _student_pyproject(text: str) -> str:
-    text = re.sub(r"\n\[project\.scripts\]\n(?:[^\[\n].*\n)*", "\n", text)
-    text = text.replace('packages = ["gptkit", "grader"]', 'packages = ["gptkit"]')
-    return text
-
-
 def release(out: Path, *, force: bool = False) -> list[str]:
     """Write the student copy to ``out``; returns what was written (top-level entries)."""
     out = Path(out).resolve()
@@ -92,13 +86,13 @@ def release(out: Path, *, force: bool = False) -> list[str]:
             shutil.copytree(d, out / "tests" / d.name,
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "make_fixtures.py"))
     shutil.copytree(KIT_ROOT / "gptkit", out / "gptkit", ignore=skip)
+    shutil.copytree(KIT_ROOT / "grader", out / "grader", ignore=skip)
     if (KIT_ROOT / "docs").is_dir():
         shutil.copytree(KIT_ROOT / "docs", out / "docs", ignore=skip)
     shutil.copy2(TEMPLATE, out / "README.md")
-    (out / "pyproject.toml").write_text(_student_pyproject((KIT_ROOT / "pyproject.toml").read_text(encoding="utf-8")),
-                                        encoding="utf-8")
+    shutil.copy2(KIT_ROOT / "pyproject.toml", out / "pyproject.toml")
     shutil.copy2(KIT_ROOT / "uv.lock", out / "uv.lock")
-    (out / ".gitignore").write_text(".venv/\n__pycache__/\n*.pyc\n.pytest_cache/\n.hypothesis/\n")
+    (out / ".gitignore").write_text(".venv/\n__pycache__/\n*.pyc\n.pytest_cache/\n.hypothesis/\n.grader-check/\n")
     leaks = find_leaks(out)
     if leaks:
         shutil.rmtree(out)

@@ -21,13 +21,14 @@ def student_copy(tmp_path_factory):
     return out
 
 
-def test_release_has_no_solutions_hidden_tests_or_grader(student_copy):
+def test_release_has_no_solutions_hidden_tests_or_catalogue(student_copy):
     names = {p.relative_to(student_copy).as_posix() for p in student_copy.rglob("*")}
-    for forbidden in ("solutions", "grader", "tests/hidden", "tests/kit", "tests/grader", "examples"):
+    for forbidden in ("solutions", "tests/hidden", "tests/kit", "tests/grader", "examples"):
         assert forbidden not in names, f"{forbidden} must not be in the student copy"
     assert not [n for n in names if n.endswith("bugs.toml") or n.endswith("make_fixtures.py")]
     assert not find_leaks(student_copy)
-    assert "[project.scripts]" not in (student_copy / "pyproject.toml").read_text()
+    assert "grader/check.py" in names and "grader = " in (student_copy / "pyproject.toml").read_text()
+    assert "grader check" in (student_copy / "README.md").read_text()
 
 
 def test_leak_check_catches_a_solution_line(student_copy, tmp_path):
@@ -54,6 +55,34 @@ def test_student_copy_runs_its_tests_and_the_stubs_fail(student_copy):
     assert proc.returncode == 1, out[-3000:]
     assert "passed" not in out.splitlines()[-1], out[-1000:]
     assert "NotImplementedError: Lab 01" in out and "error" not in out.splitlines()[-1], out[-2000:]
+
+
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not on PATH")
+def test_grader_check_runs_in_the_student_copy(student_copy, tmp_path):
+    """A student runs `uv run grader check` in their copy: the labs run in the grader's
+    sandbox on the student's own code, failures are named, review notes are shown and cost
+    nothing, and the instructor's commands are not there."""
+    copy = tmp_path / "kit"
+    shutil.copytree(student_copy, copy, ignore=shutil.ignore_patterns(".venv"))
+    alice = KIT_ROOT / "examples" / "submissions" / "alice" / "labs" / "01_causal_mask" / "src" / "causal_mask.py"
+    (copy / "labs" / "01_causal_mask" / "src" / "causal_mask.py").write_text(
+        alice.read_text().replace("import numpy as np\n", "import numpy as np\nimport gc\n", 1))
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+
+    def check(*args):
+        proc = subprocess.run(["uv", "run", "--frozen", "grader", *args], cwd=copy, capture_output=True,
+                              text=True, timeout=900, env=env)
+        return proc.returncode, proc.stdout + proc.stderr
+
+    rc, out = check("check", "labs/01_causal_mask")
+    assert rc == 0, out[-3000:]
+    assert "01_causal_mask:" in out and "tests passed" in out and "✗" not in out, out[-3000:]
+    assert "imports `gc`" in out and "changes no score" in out, out[-3000:]
+    assert "02_embeddings" not in out
+    rc, out = check("check", "02")
+    assert rc == 1 and "02_embeddings: 0 of" in out and "NotImplementedError" in out, out[-3000:]
+    rc, out = check("grade", "x")
+    assert rc != 0 and "invalid choice" in out, out[-2000:]
 
 
 @pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not on PATH")
