@@ -128,6 +128,18 @@ def all_flags(r: StudentResult) -> list[str]:
     return r.flags + [f"{lab}: {f}" for lab, lr in r.labs.items() for f in lr.flags]
 
 
+def brief_flags(r: StudentResult) -> list[str]:
+    """The flags with each lab's review notes counted, not spelled out (the report lists them
+    in their own section)."""
+    out = list(r.flags)
+    for lab, lr in r.labs.items():
+        out += [f"{lab}: {f}" for f in lr.flags if not is_review(f)]
+        n = sum(map(is_review, lr.flags))
+        if n:
+            out.append(f"{lab}: {n} line{'s' if n != 1 else ''} for review")
+    return out
+
+
 def gradebook_csv(labs: list[str], results: list[StudentResult]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
@@ -196,7 +208,7 @@ def summary_table(labs: list[str], results: list[StudentResult], stats: dict) ->
     lines = [head, "-" * len(head)]
     for r in results:
         cells = "  ".join(f"{r.labs[lab].points:>6.1f}" if lab in r.labs else f"{'':>6}" for lab in labs)
-        flags = all_flags(r)
+        flags = brief_flags(r)
         flag = (flags[0][:60] + (f" (+{len(flags) - 1})" if len(flags) > 1 else "")) if flags else ""
         lines.append(f"{r.student:<{w}}  {cells}  {r.total:>7.1f}  {flag}")
     lines.append("-" * len(head))
@@ -247,7 +259,7 @@ def report_html(labs: list[str], results: list[StudentResult], stats: dict) -> s
                         f"<th>most common failures</th></tr>{''.join(rows)}</table>")
     students = "".join(
         f"<tr><td>{e(r.student)}</td>{''.join(f'<td class=num>{pts(r.labs[lab].points)}</td>' if lab in r.labs else '<td></td>' for lab in labs)}"
-        f"<td class=num><b>{pts(r.total)}</b> / {pts(r.max_total)}</td><td>{e(' | '.join(all_flags(r)))}</td></tr>"
+        f"<td class=num><b>{pts(r.total)}</b> / {pts(r.max_total)}</td><td>{e(' | '.join(brief_flags(r)))}</td></tr>"
         for r in results)
     review = "".join(f"<tr><td>{e(r.student)}</td><td>{e(lab)}</td><td><code>{e(f.removeprefix(REVIEW))}</code></td></tr>"
                      for r in results for lab, lr in r.labs.items() for f in lr.flags if is_review(f))
