@@ -15,6 +15,8 @@ counts (no calibration on the reference).
 
 from __future__ import annotations
 
+import ast
+import functools
 import hashlib
 import json
 import os
@@ -279,7 +281,55 @@ class Grader:
                 out.append(f"labs/{lab}/src/{module}.py {finding}")
         return out
 
-    def _run_submission(self, sub: Submission, slot: int, runnable: list[str] | None = None) -> runner.RawRun:
+    @staticmethod
+    @functools.lru_cache(maxsize=None)
+    def _reference_names(lab: str, module: str) -> frozenset[str]:
+        """What the reference module of an earlier lab offers to import: every name its top
+        level binds (functions, classes, constants, and what it imports itself)."""
+        path = KIT_ROOT / "solutions" / lab / f"{module}.py"
+        if not path.is_file():
+            return frozenset()
+        names = set()
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+        return frozenset(names)
+
+    def own_names(self, lab: str, sub: Submission) -> dict[str, list[str]]:
+        """Earlier lab module → the names the student's ``lab`` imports from it that the
+        reference module lacks (helpers of the student's own, e.g. a config class). Such a
+        lab runs on the student's own earlier labs: on the reference it could not import."""
+        earlier = {m: name for name, mods in self.all_wanted.items() if name < lab for m in mods}
+        found: dict[str, set[str]] = {}
+        for data in sub.files.get(lab, {}).values():
+            try:
+                tree = ast.parse(data.decode("utf-8", "replace"))
+            except (SyntaxError, ValueError):
+                continue
+            aliases = {}
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module in earlier and not node.level:
+                    found.setdefault(node.module, set()).update(a.name for a in node.names if a.name != "*")
+                elif isinstance(node, ast.Import):
+                    aliases.update({a.asname or a.name: a.name for a in node.names if a.name in earlier})
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+                    found.setdefault(aliases[node.value.id], set()).add(node.attr)
+        out = {}
+        for module, names in found.items():
+            missing = sorted(names - self._reference_names(earlier[module], module))
+            if missing:
+                out[module] = missing
+        return out
+
+    def _run_submission(self, sub: Submission, slot: int, runnable: list[str] | None = None,
+                        own_labs: frozenset[str] = frozenset()) -> runner.RawRun:
+        """``own_labs``: labs that run on the student's own earlier labs, whatever ``own_chain``."""
         runnable = self.labs if runnable is None else runnable
         if not runnable:
             return runner.RawRun(isolation=self.isolation)
@@ -296,10 +346,10 @@ class Grader:
                 for earlier in [name for name in self.all_wanted if name < lab]:
                     d = tree / earlier
                     d.mkdir(parents=True, exist_ok=True)
-                    own = sub.files.get(earlier, {}) if self.own_chain else {}
+                    own = sub.files.get(earlier, {}) if self.own_chain or lab in own_labs else {}
                     for module in self.all_wanted[earlier]:
                         reference = self.cache / "reference" / earlier / f"{module}.pyc"
-                        if self.own_chain and module in own:
+                        if module in own:
                             (d / f"{module}.py").write_bytes(own[module])
                         elif reference.is_file():
                             shutil.copy2(reference, d / f"{module}.pyc")
@@ -338,10 +388,16 @@ class Grader:
             return res
         res.submission_digest = sub.digest()
         res.flags += sub.notes
-        runnable, not_run, notes = [], {}, {}
+        runnable, not_run, notes, own_labs = [], {}, {}, set()
         for lab in self.labs:
             missing = [m for m in self.wanted[lab] if m not in sub.files.get(lab, {})]
             notes[lab] = self.review(lab, sub)
+            own = {} if self.own_chain else self.own_names(lab, sub)
+            if own:
+                own_labs.add(lab)
+                what = "; ".join(f"{', '.join(names)} from {module}" for module, names in own.items())
+                res.flags.append(f"{lab} ran on your own earlier labs: it imports {what}, which only your "
+                                 "code defines (other labs run on the reference code below them)")
             for module, data in sub.files.get(lab, {}).items():
                 try:
                     compile(data, f"labs/{lab}/src/{module}.py", "exec", dont_inherit=True)
@@ -356,7 +412,7 @@ class Grader:
         absent = [lab for lab, why in not_run.items() if why.startswith("missing")]
         if absent:
             res.flags.append("missing lab files: " + ", ".join(absent))
-        raw = self._run_submission(sub, slot, runnable)
+        raw = self._run_submission(sub, slot, runnable, frozenset(own_labs))
         if raw.killed:
             res.flags.append(raw.killed)
         self._score(res, raw, not_run, notes)
@@ -364,10 +420,9 @@ class Grader:
         return res
 
     def _read_wanted(self) -> dict[str, list[str]]:
-        """The files to read from a submission: its graded labs' and, on its own chain, the
-        earlier labs' that those import."""
-        if not self.own_chain:
-            return self.wanted
+        """The files to read from a submission: its graded labs' and the earlier labs' that
+        those may import (on the student's own chain, or for a name only the student's
+        earlier lab defines)."""
         last = max(self.labs)
         return {lab: mods for lab, mods in self.all_wanted.items() if lab <= last}
 
