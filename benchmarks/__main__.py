@@ -1,6 +1,6 @@
 """Run every benchmark and write its report into docs/performance.md.
 
-    uv run --extra torch python -m benchmarks [--only NAME]... [--list]
+    uv run --extra torch python -m benchmarks [--only NAME]... [--quick] [--list]
 
 A benchmark is a file ``benchmarks/bench_<name>.py``: a script that prints its report as
 markdown, the first line ``machine: …`` (``common.machine()``: the CPU, its cores, the
@@ -41,6 +41,17 @@ COMMAND = "uv run --extra torch python -m benchmarks"
 # core's thread for NumPy's BLAS and for PyTorch, and their default sizes).
 ARGS: dict[str, list[str]] = {
     "bench_grader": ["8"],  # submissions graded (and run bare) in the comparison
+}
+
+# Smaller sizes for ``--quick``: a check that every benchmark and this script work end to
+# end in a few minutes, not a measurement (its reports say which arguments they ran with).
+QUICK: dict[str, list[str]] = {  # one thread: no BLAS thread spins waiting for a busy core
+    "bench_forward": ["--threads", "1", "--repeats", "1"],
+    "bench_generation": ["--threads", "1", "--new-tokens", "16", "--repeats", "1"],
+    "bench_llama": ["--threads", "1", "--new-tokens", "16", "--repeats", "1"],
+    "bench_seq2seq": ["--threads", "1", "--new-tokens", "8", "--repeats", "1"],
+    "bench_training": ["--threads", "1", "--steps", "100", "--eval-every", "50", "--eval-iters", "2"],
+    "bench_grader": ["2"],
 }
 
 SUMMARY = "summary: "
@@ -95,9 +106,13 @@ def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def run_one(name: str) -> tuple[int, str, float]:
+def arguments(name: str, quick: bool) -> list[str]:
+    return QUICK.get(name, ARGS.get(name, [])) if quick else ARGS.get(name, [])
+
+
+def run_one(name: str, args: list[str]) -> tuple[int, str, float]:
     """Run one benchmark, echoing its report as it comes; (exit status, report, seconds)."""
-    cmd = [sys.executable, str(HERE / f"{name}.py"), *ARGS.get(name, [])]
+    cmd = [sys.executable, str(HERE / f"{name}.py"), *args]
     print(f"== {name}: {' '.join([Path(cmd[1]).relative_to(ROOT).as_posix(), *cmd[2:]])}", flush=True)
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, env=os.environ.copy())
@@ -119,7 +134,7 @@ def check_report(name: str, report: str) -> str | None:
 
 
 def summaries_block(doc: str) -> str:
-    """The README's list of headline figures: every report's summary line, linked to it."""
+    """The README's list of headline figures: every report's summary line, with its benchmark's name."""
     items = []
     for name, body in sections(doc).items():
         for line in body.splitlines():
@@ -134,11 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", action="append", metavar="NAME",
                         help=f"run only this benchmark (repeatable): {', '.join(n[6:] for n in all_names)}")
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes (QUICK): check that everything runs, in minutes; not a measurement")
     parser.add_argument("--list", action="store_true", help="list the benchmarks and their arguments, run nothing")
     args = parser.parse_args(argv)
     if args.list:
         for name in all_names:
-            print(" ".join([f"benchmarks/{name}.py", *ARGS.get(name, [])]))
+            print(" ".join([f"benchmarks/{name}.py", *arguments(name, args.quick)]))
         return 0
     names = all_names
     if args.only:
@@ -150,13 +167,14 @@ def main(argv: list[str] | None = None) -> int:
 
     started, start, failed = now(), time.perf_counter(), []
     for name in names:
-        status, report, seconds = run_one(name)
+        status, report, seconds = run_one(name, arguments(name, args.quick))
         problem = f"exit status {status}" if status else check_report(name, report)
         if problem:
             failed.append(f"{name} ({problem})")
             continue
         stamp = (f"*Generated {now()} in {seconds:.0f} s by `benchmarks/{name}.py"
-                 f"{''.join(' ' + a for a in ARGS.get(name, []))}` (alone: `{COMMAND} --only {name[6:]}`).*\n\n")
+                 f"{''.join(' ' + a for a in arguments(name, args.quick))}` "
+                 f"(alone: `{COMMAND} --only {name[6:]}`).*\n\n")
         # Written as each benchmark ends, so a long run that stops keeps what it finished.
         DOC.write_text(replace_section(DOC.read_text(), name, stamp + report, heading=f"## {name}"))
     total = time.perf_counter() - start
@@ -165,8 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     from common import machine
 
     which = "every benchmark" if names == all_names else ", ".join(names)
-    run = (f"Last run: {which}, started {started}, {total:.0f} s in all, by `{COMMAND}"
-           f"{''.join(' --only ' + n[6:] for n in names) if names != all_names else ''}`.\n\n"
+    options = "".join(" --only " + n[6:] for n in names) if names != all_names else ""
+    options += " --quick" if args.quick else ""
+    run = (f"Last run: {which}, started {started}, {total:.0f} s in all, by `{COMMAND}{options}`"
+           f"{' (small sizes: a check, not a measurement)' if args.quick else ''}.\n\n"
            f"- Machine: {machine()}.\n"
            f"- Versions: {versions()}.\n"
            f"- Threads: each benchmark's NumPy BLAS and PyTorch use {os.cpu_count()} (every logical core) "
