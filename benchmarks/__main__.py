@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         stamp = (f"*Generated {now()} in {seconds:.0f} s by `benchmarks/{name}.py"
                  f"{''.join(' ' + a for a in arguments(name, args.quick))}` "
-                 f"(alone: `{COMMAND} --only {name[6:]}`).*\n\n")
+                 f"(alone: `{COMMAND} --only {name[6:]}{' --quick' if args.quick else ''}`).*\n\n")
         # Written as each benchmark ends, so a long run that stops keeps what it finished.
         DOC.write_text(replace_section(DOC.read_text(), name, stamp + report, heading=f"## {name}"))
     total = time.perf_counter() - start
