@@ -134,14 +134,20 @@ def check_report(name: str, report: str) -> str | None:
 
 
 def summaries_block(doc: str) -> str:
-    """The README's list of headline figures: every report's summary line, with its benchmark's name."""
-    items = []
-    for name, body in sections(doc).items():
+    """The README's headline figures: where and when they were measured (the run block),
+    then every report's summary line under its benchmark's name."""
+    found = sections(doc)
+    run = found.get("run", "")
+    when = re.search(r"started (\S+ \S+ UTC)", run)
+    where = re.search(r"^- Machine: (.+?)\.?$", run, re.M)
+    lines = [f"Measured {when.group(1) if when else 'at an unknown date'} on "
+             f"{where.group(1) if where else 'an unknown machine'}"
+             f"{' at small sizes (`--quick`: a check, not a measurement)' if '--quick' in run else ''}:", ""]
+    for name, body in found.items():
         for line in body.splitlines():
             if line.startswith(SUMMARY):
-                text = line[len(SUMMARY):].strip().rstrip(".")
-                items.append(f"- {text[0].upper()}{text[1:]} (`{name}`).")
-    return "\n".join(items)
+                lines.append(f"- `{name}`: {line[len(SUMMARY):].strip().rstrip('.')}.")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def main(argv: list[str] | None = None) -> int:
