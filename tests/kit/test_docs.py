@@ -89,6 +89,16 @@ def test_relative_links_resolve(page):
     assert not broken, f"{_rel(page)} links to what is not there: {broken}"
 
 
+def test_the_quoted_first_failure_is_the_stub_s():
+    """The README quotes the line a student sees on an untouched stub: it is that stub's."""
+    quoted = re.findall(r"^(labs/\S+\.py):(\d+): NotImplementedError: (.+)$", README.read_text(), re.M)
+    assert quoted, "README.md quotes no NotImplementedError line"
+    for path, line, message in quoted:
+        source = (KIT_ROOT / path).read_text().splitlines()
+        assert int(line) <= len(source) and message in source[int(line) - 1], (
+            f"README.md quotes {path}:{line} as raising {message!r}; the stub says otherwise: regenerate the quote")
+
+
 # --- one voice ------------------------------------------------------------------------------
 
 HISTORY = re.compile(r"issue [0-9]+|this session|last session|session before", re.I)
