@@ -13,7 +13,8 @@ threads before NumPy loads, and none shares the machine with another). A report 
 what lies between ``<!-- BEGIN bench_<name> -->`` and ``<!-- END bench_<name> -->`` in
 docs/performance.md (a benchmark without them gets a section at the end), under a line
 saying when it ran and for how long. The block between ``<!-- BEGIN run -->`` and
-``<!-- END run -->`` says where and with what the last run ran, and the summaries go to
+``<!-- END run -->`` says where and with what the last full run ran (a run with ``--only``
+adds a line), and the summaries go to
 README.md between ``<!-- BEGIN benchmark-summaries -->`` and its end marker. A benchmark
 that fails keeps its previous report, and the command exits with status 1.
 """
@@ -188,16 +189,24 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(HERE))
     from common import machine
 
-    which = "every benchmark" if names == all_names else ", ".join(names)
-    options = "".join(" --only " + n[6:] for n in names) if names != all_names else ""
-    options += " --quick" if args.quick else ""
-    run = (f"Last run: {which}, started {started}, {total:.0f} s in all, by `{COMMAND}{options}`"
-           f"{' (small sizes: a check, not a measurement)' if args.quick else ''}.\n\n"
-           f"- Machine: {machine()}.\n"
-           f"- Versions: {versions()}.\n"
-           f"- Threads: each benchmark's NumPy BLAS and PyTorch use {os.cpu_count()} (every logical core) "
-           f"unless its first line says otherwise.\n")
-    doc = replace_section(DOC.read_text(), "run", run)
+    quick = " --quick" if args.quick else ""
+    small = " (small sizes: a check, not a measurement)" if args.quick else ""
+    doc = DOC.read_text()
+    previous = sections(doc).get("run", "")
+    if names == all_names or "Last run:" not in previous:
+        run = (f"Last run: {'every benchmark' if names == all_names else ', '.join(names)}, started {started}, "
+               f"{total:.0f} s in all, by `{COMMAND}"
+               f"{''.join(' --only ' + n[6:] for n in names) if names != all_names else ''}{quick}`{small}.\n\n"
+               f"- Machine: {machine()}.\n"
+               f"- Versions: {versions()}.\n"
+               f"- Threads: each benchmark's NumPy BLAS and PyTorch use {os.cpu_count()} (every logical core) "
+               f"unless its first line says otherwise.\n")
+    else:  # a partial run: the full run's description stays, with a line per benchmark run since
+        lines = [line for line in previous.rstrip("\n").splitlines()
+                 if not any(line.startswith(f"- Since then, `{n}`") for n in names)]
+        lines += [f"- Since then, `{n}` alone, {started}{small}." for n in names]
+        run = "\n".join(lines) + "\n"
+    doc = replace_section(doc, "run", run)
     DOC.write_text(doc)
     README.write_text(replace_section(README.read_text(), "benchmark-summaries", summaries_block(doc)))
     print(f"wrote {DOC.relative_to(ROOT)} and the summaries in {README.relative_to(ROOT)} ({total:.0f} s)")
