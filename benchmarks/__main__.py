@@ -116,7 +116,9 @@ def run_one(name: str, args: list[str]) -> tuple[int, str, float]:
     cmd = [sys.executable, str(HERE / f"{name}.py"), *args]
     print(f"== {name}: {' '.join([Path(cmd[1]).relative_to(ROOT).as_posix(), *cmd[2:]])}", flush=True)
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+    # The kit's root on the path too, so that a script may import ``benchmarks.common``.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, env=env)
     lines = []
     for line in proc.stdout:
         print(f"   {line}", end="", flush=True)
@@ -128,8 +130,8 @@ def run_one(name: str, args: list[str]) -> tuple[int, str, float]:
 
 
 def check_report(name: str, report: str) -> str | None:
-    """What is wrong with a report, or None: it must begin with ``machine: ``."""
-    if not report.startswith("machine: "):
+    """What is wrong with a report, or None: its first line must be ``machine: …``."""
+    if not report.lstrip().startswith("machine: "):
         return f"{name}'s report does not begin with 'machine: '"
     return None
 
@@ -183,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                  f"{''.join(' ' + a for a in arguments(name, args.quick))}` "
                  f"(alone: `{COMMAND} --only {name[6:]}{' --quick' if args.quick else ''}`).*\n\n")
         # Written as each benchmark ends, so a long run that stops keeps what it finished.
-        DOC.write_text(replace_section(DOC.read_text(), name, stamp + report, heading=f"## {name}"))
+        DOC.write_text(replace_section(DOC.read_text(), name, stamp + report.lstrip(), heading=f"## {name}"))
     total = time.perf_counter() - start
 
     sys.path.insert(0, str(HERE))
