@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -189,6 +190,16 @@ def test_readme_figures_are_the_generated_summaries():
     expected = gen.summaries_block(PERFORMANCE.read_text())
     assert expected, "no benchmark report carries a summary line"
     assert readme.strip() == expected.strip(), f"README.md's figures differ from docs/performance.md's: rerun `{gen.COMMAND}`"
+
+
+def test_the_generator_lists_every_benchmark_with_its_arguments():
+    gen = _generator()
+    done = subprocess.run([sys.executable, "-m", "benchmarks", "--list", "--quick"], cwd=KIT_ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    listed = done.stdout.splitlines()
+    assert [line.split()[0] for line in listed] == [f"benchmarks/{n}.py" for n in gen.discover()]
+    assert all(line.split()[1:] == gen.arguments(n, True) for line, n in zip(listed, gen.discover()))
 
 
 def test_replacing_a_section_keeps_the_rest():
