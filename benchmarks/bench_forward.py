@@ -40,12 +40,11 @@ def main() -> None:
 
     repeats = int(sys.argv[sys.argv.index("--repeats") + 1]) if "--repeats" in sys.argv else 3
     ours, theirs, n_params = common.gpt2_small_pair(THREADS)
-    print(f"machine: {common.machine()}; {THREADS} thread(s) for NumPy's BLAS and for PyTorch "
-          f"(torch {torch.__version__}, numpy {np.__version__}); {n_params / 1e6:.1f}M parameters")
+    common.print_machine(THREADS, f"; {n_params / 1e6:.1f}M parameters")
     peak = matmul_gflops(repeats)
     print(f"plain float32 matmul (1024×768 @ 768×3072): {peak:.1f} GFLOP/s")
-    print(f"{'T':>6} {'numpy s':>9} {'torch s':>9} {'ratio':>7} {'numpy GFLOP/s':>14} {'torch GFLOP/s':>14} "
-          f"{'max |Δ logits|':>15}")
+    print()
+    rows = []
     for T in (256, 1024):
         ids = np.random.default_rng(T).integers(0, 50257, (1, T))
         t_ids = torch.from_numpy(ids)
@@ -54,9 +53,12 @@ def main() -> None:
             t_pt = common.best_of(lambda: theirs(t_ids), repeats)
             diff = float(np.abs(ours(ids) - theirs(t_ids).logits.numpy()).max())
         f = flops(T)
-        print(f"{T:>6} {t_np:>9.3f} {t_pt:>9.3f} {t_np / t_pt:>7.2f} {f / t_np / 1e9:>14.1f} "
-              f"{f / t_pt / 1e9:>14.1f} {diff:>15.2e}")
-
+        rows.append([T, f"{t_np:.3f}", f"{t_pt:.3f}", f"{t_np / t_pt:.2f}", f"{f / t_np / 1e9:.1f}",
+                     f"{f / t_pt / 1e9:.1f}", f"{diff:.2e}"])
+    common.print_table(["T", "NumPy s", "PyTorch s", "NumPy ÷ PyTorch", "NumPy GFLOP/s", "PyTorch GFLOP/s",
+                        "max abs Δ logits"], rows)
+    common.print_summary(f"a forward pass of GPT-2 small over {rows[-1][0]} tokens takes {rows[-1][1]} s in NumPy, "
+                         f"{rows[-1][3]}× PyTorch's time ({common.threads(THREADS)})")
 
 if __name__ == "__main__":
     main()

@@ -56,6 +56,7 @@ def main() -> None:
     common.print_machine(THREADS)
     print(f"task: {n} new tokens after a {T}-token prompt, greedy, batch 1, GPT-2-small shape "
           f"({n_params / 1e6:.1f}M parameters, float32)")
+    print()
 
     read_per_token = 4 * (n_params - model.wpe.weight.size)  # every weight but the position table
     prompt = np.random.default_rng(7).integers(0, model.vocab_size, (1, T))
@@ -70,11 +71,15 @@ def main() -> None:
                              + [model.wte.weight.T], n, args.repeats)})
     speed, bound = common.print_speeds_and_bound(times, n, read_per_token, "every parameter but the position table")
     ours = speed["NumPy + KV cache"]
-    common.print_target("NumPy + cache ÷ HuggingFace", ours / speed["HuggingFace generate()"], 1.1, 38)
-    common.print_target("NumPy + cache ÷ bound", ours / bound, 0.8, 38, percent=True)
-    common.print_target("NumPy + cache ÷ NumPy without cache", ours / speed["NumPy, no cache"], 5.0, 38)
-    print(f"\nsame {n} tokens from NumPy (cache), NumPy (no cache), the stripped step and HuggingFace: "
+    common.print_target("NumPy + cache ÷ HuggingFace", ours / speed["HuggingFace generate()"], 1.1)
+    common.print_target("NumPy + cache ÷ bound", ours / bound, 0.8, percent=True)
+    common.print_target("NumPy + cache ÷ NumPy without cache", ours / speed["NumPy, no cache"], 5.0)
+    print(f"- same {n} tokens from NumPy (cache), NumPy (no cache), the stripped step and HuggingFace: "
           f"{common.all_same(outputs.values())}")
+    print()
+    common.print_summary(f"lab 06 decodes GPT-2 small at {ours:.1f} tokens/s with its KV cache, "
+                         f"{ours / speed['HuggingFace generate()']:.2f}× HuggingFace's `generate()` and "
+                         f"{100 * ours / bound:.0f}% of the memory-bandwidth bound ({common.threads(THREADS)})")
 
 
 if __name__ == "__main__":

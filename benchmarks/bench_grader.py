@@ -22,7 +22,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import common  # noqa: E402
 from grader.grade import Grader  # noqa: E402
 from grader.sandbox.runner import Limits  # noqa: E402
 
@@ -65,12 +67,19 @@ def main() -> None:
             results += g.run_batch(pair, jobs=2)
             t_grade += time.perf_counter() - t0
         assert all(r.total == r.max_total for r in results), "every copy is complete"
-    print(f"{n} identical complete submissions, labs {','.join(LABS)}, 2 jobs, isolation: {g.isolation}")
-    print(f"  bare pytest, 2 at a time : {t_bare:6.2f} s  ({t_bare / n:.2f} s per submission)")
-    print(f"  grader grade --jobs 2    : {t_grade:6.2f} s  ({t_grade / n:.2f} s per submission)")
-    print(f"  one-off calibration      : {t_calib:6.2f} s")
-    print(f"  ratio grader / bare      : {t_grade / t_bare:.2f}  (overhead {100 * (t_grade / t_bare - 1):+.0f}%)")
-
+    common.print_machine(None, f"; grader isolation: {g.isolation}")
+    print(f"{n} identical complete submissions, labs {', '.join(LABS)}, 2 at a time (`grader grade --jobs 2`; "
+          "bare pytest two side by side, one BLAS thread each), taking turns")
+    print()
+    common.print_table(["run", "seconds", "per submission"],
+                       [["bare pytest", f"{t_bare:.2f}", f"{t_bare / n:.2f}"],
+                        ["grader grade --jobs 2", f"{t_grade:.2f}", f"{t_grade / n:.2f}"],
+                        ["one-off calibration", f"{t_calib:.2f}", ""]])
+    print(f"- ratio grader / bare: {t_grade / t_bare:.2f} (overhead {100 * (t_grade / t_bare - 1):+.0f}%; "
+          "target: under 1.5)")
+    print()
+    common.print_summary(f"grading costs {t_grade / t_bare:.2f}× the time of running the same tests bare "
+                         f"({n} submissions, isolation: {g.isolation})")
 
 if __name__ == "__main__":
     main()

@@ -55,6 +55,7 @@ def main() -> None:
     common.print_machine(THREADS)
     print(f"task: {n} new tokens after a {T}-token prompt, greedy, batch 1, Llama shape "
           f"({n_params / 1e6:.1f}M parameters, float32, GQA 12/4 heads, tied head)")
+    print()
 
     read_per_token = 4 * n_params
     prompt = np.random.default_rng(7).integers(0, shape.vocab_size, (1, T))
@@ -70,9 +71,13 @@ def main() -> None:
                              + [model.embed_tokens.weight.T], n, args.repeats)})
     speed, bound = common.print_speeds_and_bound(times, n, read_per_token, "every parameter")
     ours = speed["NumPy Llama + cache"]
-    common.print_target("NumPy ÷ HuggingFace", ours / speed["HuggingFace generate()"], 1.0, 30)
-    common.print_target("NumPy ÷ bound", ours / bound, 0.8, 30, percent=True)
-    print(f"\nsame {n} tokens from NumPy, the stripped step and HuggingFace: {common.all_same(outputs.values())}")
+    common.print_target("NumPy ÷ HuggingFace", ours / speed["HuggingFace generate()"], 1.0)
+    common.print_target("NumPy ÷ bound", ours / bound, 0.8, percent=True)
+    print(f"- same {n} tokens from NumPy, the stripped step and HuggingFace: {common.all_same(outputs.values())}")
+    print()
+    common.print_summary(f"lab 08's Llama ({n_params / 1e6:.0f}M parameters) decodes at {ours:.1f} tokens/s, "
+                         f"{ours / speed['HuggingFace generate()']:.2f}× HuggingFace and {100 * ours / bound:.0f}% "
+                         f"of the memory-bandwidth bound ({common.threads(THREADS)})")
 
 
 if __name__ == "__main__":

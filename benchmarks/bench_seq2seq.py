@@ -66,6 +66,7 @@ def main() -> None:
     print(f"task: {n} new tokens from a {args.source}-token source, greedy, batch 1, MarianMT shape "
           f"(D={shape.d_model}, {shape.num_layers}+{shape.decoder_layers} layers, V={shape.vocab_size}; "
           f"{n_params / 1e6:.1f}M parameters, float32)")
+    print()
 
     def ours(**kw):
         return lambda: seq2seq.greedy_decode(model, src, n, **kw)
@@ -82,15 +83,16 @@ def main() -> None:
                                        "NumPy, no cache": (ours(use_cache=False), 1),
                                        "HF generate(), cache": (theirs(True), args.repeats),
                                        "HF generate(), no cache": (theirs(False), 1)})
-    speed = common.print_speeds(times, n, width=28, digits=3)
+    speed = common.print_speeds(times, n, digits=3)
+    ours, cached_hf = speed["NumPy, both caches"], speed["HF generate(), cache"]
+    print(f"- NumPy both caches ÷ HF generate() with cache: {ours / cached_hf:.2f}× (target > 1)")
+    print(f"- NumPy both caches ÷ NumPy without the cross-attention cache: "
+          f"{ours / speed['NumPy, no cross-attn cache']:.2f}×")
+    print(f"- NumPy no cache ÷ HF no cache: {speed['NumPy, no cache'] / speed['HF generate(), no cache']:.2f}×")
+    print(f"- same {n} tokens from all five: {common.all_same(outputs.values())}")
     print()
-    print(f"  NumPy both caches ÷ HF generate() with cache: {speed['NumPy, both caches'] / speed['HF generate(), cache']:.2f}× "
-          "(target > 1)")
-    print(f"  NumPy both caches ÷ NumPy without the cross-attention cache: "
-          f"{speed['NumPy, both caches'] / speed['NumPy, no cross-attn cache']:.2f}×")
-    print(f"  NumPy no cache ÷ HF no cache: {speed['NumPy, no cache'] / speed['HF generate(), no cache']:.2f}×")
-    print(f"\nsame {n} tokens from all five: {common.all_same(outputs.values())}")
-
+    common.print_summary(f"lab 09's encoder–decoder decodes at width {shape.d_model} (V = {shape.vocab_size}) at {ours:.1f} tokens/s with both "
+                         f"caches, {ours / cached_hf:.2f}× HuggingFace's `generate()` ({common.threads(THREADS)})")
 
 if __name__ == "__main__":
     main()

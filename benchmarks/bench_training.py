@@ -116,12 +116,14 @@ def main() -> None:
         hf.train()
         return ours + [total / args.eval_iters]
 
-    print(f"machine: {common.machine()}; {THREADS} thread(s) for NumPy's BLAS and PyTorch; NumPy {np.__version__}, "
-          f"PyTorch {torch.__version__}")
-    print(f"model: {model.num_parameters() / 1e6:.2f}M parameters, batch {B}, context {T}, {steps} steps")
+    common.print_machine(THREADS)
+    print(f"model: {shape.num_layers} layers, {shape.num_heads} heads, width {shape.d_model}, context {T}, "
+          f"batch {B}: {model.num_parameters() / 1e6:.2f}M parameters; {steps} steps")
+    print()
     names = [name for name, *_ in contestants] + ["PyTorch"]
-    print(f"{'step':>5} " + " ".join(f"{n + ' val':>{max(len(n) + 4, 10)}}" for n in names) + " "
-          + " ".join(f"{n + ' tok/s':>{max(len(n) + 6, 12)}}" for n in names))
+    header = ["step"] + [f"{n} val loss" for n in names] + [f"{n} tokens/s" for n in names]
+    common.print_row(header)
+    common.print_row(["---"] * len(header))
     spent = [0.0] * len(names)
     done = 0
     while done < steps:
@@ -135,13 +137,16 @@ def main() -> None:
         spent = [a + b for a, b in zip(spent, chunk_s)]
         tokens = B * T * (nxt - done)
         done = nxt
-        print(f"{done:>5} " + " ".join(f"{v:>{max(len(n) + 4, 10)}.4f}" for n, v in zip(names, val_losses())) + " "
-              + " ".join(f"{tokens / t:>{max(len(n) + 6, 12)},.0f}" for n, t in zip(names, chunk_s)), flush=True)
+        common.print_row([done] + [f"{v:.4f}" for v in val_losses()] + [f"{tokens / t:,.0f}" for t in chunk_s])
     total = B * T * steps
-    print("overall: " + ", ".join(f"{n} {total / t:,.0f} tokens/s ({t:.0f} s)" for n, t in zip(names, spent)))
+    common.print_row([f"all {steps} steps"] + [""] * len(names) + [f"{total / t:,.0f} ({t:.0f} s)" for t in spent])
+    print()
     for n, t in zip(names[:-1], spent[:-1]):
-        print(f"{n} ÷ PyTorch time: {t / spent[-1]:.2f}")
-
+        print(f"- {n} ÷ PyTorch time: {t / spent[-1]:.2f}")
+    print()
+    best = min(spent[:-1])
+    common.print_summary(f"training the character-level GPT of lab 07 takes {best / spent[-1]:.2f}× PyTorch's time "
+                         f"({common.threads(THREADS)}, the faster NumPy step)")
 
 if __name__ == "__main__":
     main()

@@ -104,13 +104,46 @@ def decoding_args(doc: str, threads: int, *, seq2seq: bool = False, new_tokens: 
     return parser.parse_args()
 
 
-def print_machine(threads: int) -> None:
-    """The first line of a decoding benchmark: the machine, the threads and the versions."""
+def print_machine(threads: int | None = None, extra: str = "") -> None:
+    """The first line of a benchmark's report: the machine, the versions and, for a model
+    benchmark (``threads`` given), the threads of NumPy's BLAS and of PyTorch; ``extra`` is
+    appended. Then a blank line."""
     import numpy as np
-    import torch
 
-    print(f"machine: {machine()}; {threads} thread(s) for NumPy's BLAS and for PyTorch "
-          f"(torch {torch.__version__}, threads {torch.get_num_threads()}; numpy {np.__version__})")
+    if threads is None:
+        setting = f"numpy {np.__version__}"
+    else:
+        import torch
+
+        setting = (f"{threads} thread(s) for NumPy's BLAS and for PyTorch "
+                   f"(torch {torch.__version__}, threads {torch.get_num_threads()}; numpy {np.__version__})")
+    print(f"machine: {machine()}; {setting}{extra}")
+    print()
+
+
+def print_table(header: list[str], rows: list[list]) -> None:
+    """A markdown table (``python -m benchmarks`` copies every report into docs/performance.md),
+    then a blank line."""
+    print_row(header)
+    print_row(["---"] * len(header))
+    for row in rows:
+        print_row(row)
+    print()
+
+
+def print_row(cells: list) -> None:
+    """One markdown table row, printed at once (a long benchmark shows its progress)."""
+    print("| " + " | ".join(str(c) for c in cells) + " |", flush=True)
+
+
+def threads(n: int) -> str:
+    """``1 thread``, ``2 threads``: for a summary."""
+    return f"{n} thread{'s' if n != 1 else ''}"
+
+
+def print_summary(text: str) -> None:
+    """The report's one-line summary (``python -m benchmarks`` also puts it in README.md)."""
+    print(f"summary: {text}")
 
 
 def hf_greedy(hf, prompt, n: int):
@@ -157,14 +190,12 @@ def time_runs(runs: dict) -> tuple[dict, dict]:
     return times, outputs
 
 
-def print_speeds(times: dict, n: int, width: int = 26, digits: int = 2) -> dict:
-    """Each run's seconds and tokens/s (``n`` new tokens), as a table after a blank line;
-    returns the tokens/s."""
+def print_speeds(times: dict, n: int, digits: int = 2) -> dict:
+    """Each run's seconds and tokens/s (``n`` new tokens), as a markdown table; returns the
+    tokens/s."""
     speed = {name: n / t for name, t in times.items()}
-    print()
-    print(f"{'':{width + 2}s}{'seconds':>9s}{'tokens/s':>10s}")
-    for name, t in times.items():
-        print(f"  {name:{width}s}{t:9.{digits}f}{speed[name]:10.1f}")
+    print_table(["run", "seconds", "tokens/s"], [[name, f"{t:.{digits}f}", f"{speed[name]:.1f}"]
+                                                 for name, t in times.items()])
     return speed
 
 
@@ -216,25 +247,23 @@ def print_speeds_and_bound(times: dict, n: int, read_per_token: int, what: str) 
     gb_s = max(rates.values())
     speed = print_speeds(times, n)
     bound = gb_s * 1e9 / read_per_token
-    print()
-    print(f"weights read per token: {read_per_token / 1e6:.0f} MB ({what}, float32)")
-    print("mat-vec bandwidth, 512 MB float32, timed in turn with the runs above: "
+    print(f"- weights read per token: {read_per_token / 1e6:.0f} MB ({what}, float32)")
+    print("- mat-vec bandwidth, 512 MB float32, timed in turn with the runs above: "
           + ", ".join(f"{k} {v:.1f} GB/s" for k, v in rates.items()))
-    print(f"bound: {gb_s:.1f} GB/s (the faster) ÷ {read_per_token / 1e6:.0f} MB = {bound:.1f} tokens/s")
+    print(f"- bound: {gb_s:.1f} GB/s (the faster) ÷ {read_per_token / 1e6:.0f} MB = {bound:.1f} tokens/s")
     alone = speed.get(PROBE + "products alone")
     if alone:
-        print(f"the decoder's products alone (no other work between them): {100 * alone / bound:.0f}% of the bound")
+        print(f"- the decoder's products alone (no other work between them): {100 * alone / bound:.0f}% of the bound")
     if STRIPPED in speed:
-        print(f"the stripped step (the same products, every other operation at its fewest NumPy calls, "
+        print(f"- the stripped step (the same products, every other operation at its fewest NumPy calls, "
               f"no checks): {100 * speed[STRIPPED] / bound:.0f}% of the bound")
-    print()
     return speed, bound
 
 
-def print_target(name: str, value: float, target: float, width: int, percent: bool = False) -> None:
-    """One target line: the value (× or %), the target and whether it is met."""
+def print_target(name: str, value: float, target: float, percent: bool = False) -> None:
+    """One target line (a list item): the value (× or %), the target and whether it is met."""
     shown, goal = (f"{100 * value:.0f}%", f"{100 * target:.0f}%") if percent else (f"{value:.2f}×", f"{target:g}×")
-    print(f"  {name:{width}s}{shown:>8s}   target ≥ {goal}: {'met' if value >= target else 'NOT met'}")
+    print(f"- {name}: {shown} (target ≥ {goal}: {'met' if value >= target else 'NOT met'})")
 
 
 def all_same(outputs) -> str:

@@ -10,7 +10,7 @@ a step is elementwise NumPy work and small stacked products, which NumPy runs on
 whatever the BLAS thread count; PyTorch spreads the same work over its threads. NumPy
 releases the GIL inside its loops and BLAS calls, so two shards on two threads use both
 cores. While the shards run, BLAS is held to one thread (``threadpoolctl``), so N workers
-use N cores, not N × BLAS threads. Measured on 2 cores (the README has the numbers): a
+use N cores, not N × BLAS threads. Measured on 2 cores (docs/performance.md has the numbers): a
 step of 62–66 ms with 2 BLAS threads, 49 ms as 2 shards.
 
 Student code runs here unchanged, but two shards share one model at the same time: code

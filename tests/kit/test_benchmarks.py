@@ -1,5 +1,5 @@
 """The decoding benchmarks' stripped decoders (``benchmarks/stripped.py``) decode what the
-reference decoders decode: the README's comparison of the two is only worth something
+reference decoders decode: docs/performance.md's comparison of the two is only worth something
 while they give the same tokens. Run in a child process, since it imports the reference
 labs (solutions/) by module name, as the benchmarks do."""
 

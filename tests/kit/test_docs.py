@@ -1,0 +1,270 @@
+"""The documentation says what the kit is now, and its numbers are generated.
+
+- README.md is a short front door whose links resolve, with a row for every lab.
+- No page refers to an issue number or a work session.
+- Every test and test file a page names exists, so the trust model's references stay true.
+- docs/performance.md holds one generated section per benchmark (``python -m
+  benchmarks``): each names its machine and its tables parse; the README's headline
+  figures are those sections' summaries. Values are not checked: they are measured.
+- Every command the README shows is run by a test or by CI, named below; the
+  instructor's release and Gradescope commands run here as shown.
+"""
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from gptkit.testing.layout import KIT_ROOT, lab_dirs
+
+README = KIT_ROOT / "README.md"
+DOCS = sorted((KIT_ROOT / "docs").rglob("*.md"))
+PAGES = [README, *DOCS]
+PERFORMANCE = KIT_ROOT / "docs" / "performance.md"
+MAX_README_LINES = 220
+
+
+def _generator():
+    """benchmarks/__main__.py as a module (its ``main`` is not run)."""
+    spec = importlib.util.spec_from_file_location("benchmarks_main", KIT_ROOT / "benchmarks" / "__main__.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(KIT_ROOT).as_posix()
+
+
+# --- the front door -------------------------------------------------------------------------
+
+def test_readme_is_short_and_links_the_pages_by_audience():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= MAX_README_LINES, (
+        f"README.md has {len(lines)} lines, over {MAX_README_LINES}: move depth into docs/")
+    text = "\n".join(lines)
+    for page in ("docs/instructors.md", "docs/performance.md", "docs/contributing.md", "docs/README.md"):
+        assert f"]({page}" in text, f"README.md must link {page}"
+
+
+def test_readme_has_a_row_for_every_lab():
+    text = README.read_text()
+    rows = re.findall(r"^\| \[(\d\d_\w+)\]\(labs/(\d\d_\w+)/README\.md\)", text, re.M)
+    listed = [name for name, target in rows if name == target]
+    assert len(listed) == len(rows), f"a lab row's text and link disagree: {rows}"
+    labs = [lab.name for lab in lab_dirs(KIT_ROOT / "labs")]
+    missing = [name for name in labs if name not in listed]
+    assert not missing, f"README.md's lab table lacks a row for {missing}"
+    assert listed == sorted(listed), "README.md's lab table is in lab order"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading."""
+    text = re.sub(r"[`*_]{2,}|`", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    return {_slug(h) for h in re.findall(r"^#+ (.+)$", page.read_text(), re.M)}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_rel)
+def test_relative_links_resolve(page):
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue  # a web address
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        if not dest.exists():
+            broken.append(target)
+        elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+            broken.append(f"{target} (no heading for #{anchor})")
+    assert not broken, f"{_rel(page)} links to what is not there: {broken}"
+
+
+def test_the_quoted_first_failure_is_the_stub_s():
+    """The README quotes the line a student sees on an untouched stub: it is that stub's."""
+    quoted = re.findall(r"^(labs/\S+\.py):(\d+): NotImplementedError: (.+)$", README.read_text(), re.M)
+    assert quoted, "README.md quotes no NotImplementedError line"
+    for path, line, message in quoted:
+        source = (KIT_ROOT / path).read_text().splitlines()
+        assert int(line) <= len(source) and message in source[int(line) - 1], (
+            f"README.md quotes {path}:{line} as raising {message!r}; the stub says otherwise: regenerate the quote")
+
+
+# --- one voice ------------------------------------------------------------------------------
+
+HISTORY = re.compile(r"issue [0-9]+|this session|last session|session before", re.I)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_rel)
+def test_pages_say_what_the_kit_is_now(page):
+    found = [f"{_rel(page)}:{n}: {line.strip()}" for n, line in enumerate(page.read_text().splitlines(), 1)
+             if HISTORY.search(line)]
+    assert not found, "docs speak in the present, without issue numbers or sessions:\n" + "\n".join(found)
+
+
+def _test_functions() -> set[str]:
+    names = set()
+    for path in (KIT_ROOT / "tests").rglob("test_*.py"):
+        names |= set(re.findall(r"^\s*(?:async )?def (test_\w+)", path.read_text(), re.M))
+    return names
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_rel)
+def test_named_tests_and_files_exist(page):
+    text = page.read_text()
+    tests = _test_functions()
+    unknown = sorted({name for name in re.findall(r"`(test_\w+)`", text) if name not in tests})
+    assert not unknown, f"{_rel(page)} names tests that do not exist (renamed?): {unknown}"
+    paths = {p for p in re.findall(r"`((?:tests|grader|gptkit|benchmarks|solutions|labs|docs|\.ci)/[\w./-]+)`", text)
+             if "NN" not in p and "*" not in p and "<" not in p}
+    missing = sorted(p for p in paths if not (KIT_ROOT / p).exists())
+    assert not missing, f"{_rel(page)} names files that do not exist: {missing}"
+
+
+# --- generated numbers ----------------------------------------------------------------------
+
+def _parse_tables(body: str) -> list[list[list[str]]]:
+    """Every markdown table of ``body`` as rows of cells; a table that does not parse fails."""
+    tables, block = [], []
+    for line in body.splitlines() + [""]:
+        if line.startswith("|"):
+            block.append(line)
+            continue
+        if block:
+            rows = [[c.strip() for c in re.split(r"(?<!\\)\|", row.strip())[1:-1]] for row in block]
+            assert len(rows) >= 3, f"a table needs a header, a separator and a row: {block}"
+            assert all(re.fullmatch(r":?-{3,}:?", c) for c in rows[1]), f"not a separator row: {block[1]}"
+            widths = {len(r) for r in rows}
+            assert len(widths) == 1, f"rows of different widths in the table under {block[0]}"
+            tables.append(rows)
+            block = []
+    return tables
+
+
+def test_performance_has_a_generated_section_per_benchmark():
+    gen = _generator()
+    sections = gen.sections(PERFORMANCE.read_text())
+    benches = gen.discover()
+    assert benches, "no benchmarks/bench_*.py found"
+    missing = [b for b in benches if b not in sections]
+    assert not missing, f"docs/performance.md has no section for {missing}: run `{gen.COMMAND} --only NAME`"
+    orphans = [s for s in sections if s.startswith("bench_") and s not in benches]
+    assert not orphans, f"docs/performance.md has sections for benchmarks that are gone: {orphans}"
+
+
+@pytest.mark.parametrize("name", _generator().discover())
+def test_each_report_names_its_machine_and_its_tables_parse(name):
+    body = _generator().sections(PERFORMANCE.read_text()).get(name)
+    if body is None:
+        pytest.fail(f"docs/performance.md has no section for {name}")
+    lines = body.strip().splitlines()
+    assert lines and lines[0].startswith("*Generated "), f"{name}: the section starts with its generation stamp"
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", lines[0]), f"{name}: the stamp carries the date"
+    machine = [line for line in lines if line.startswith("machine: ")]
+    assert machine and len(machine[0]) > len("machine: ") + 10, f"{name}: the report names no machine"
+    tables = _parse_tables(body)
+    assert tables, f"{name}: the report holds no table"
+
+
+def test_the_run_block_says_where_and_with_what():
+    body = _generator().sections(PERFORMANCE.read_text()).get("run", "")
+    for what in ("Last run:", "- Machine: ", "- Versions: ", "- Threads: "):
+        assert what in body, f"docs/performance.md's run block lacks {what!r}"
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", body), "the run block carries the date"
+
+
+def test_readme_figures_are_the_generated_summaries():
+    gen = _generator()
+    readme = gen.sections(README.read_text()).get("benchmark-summaries")
+    assert readme is not None, "README.md lacks the benchmark-summaries markers"
+    expected = gen.summaries_block(PERFORMANCE.read_text())
+    assert expected, "no benchmark report carries a summary line"
+    assert readme.strip() == expected.strip(), f"README.md's figures differ from docs/performance.md's: rerun `{gen.COMMAND}`"
+
+
+def test_the_generator_lists_every_benchmark_with_its_arguments():
+    gen = _generator()
+    done = subprocess.run([sys.executable, "-m", "benchmarks", "--list", "--quick"], cwd=KIT_ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    listed = done.stdout.splitlines()
+    assert [line.split()[0] for line in listed] == [f"benchmarks/{n}.py" for n in gen.discover()]
+    assert all(line.split()[1:] == gen.arguments(n, True) for line, n in zip(listed, gen.discover()))
+
+
+def test_replacing_a_section_keeps_the_rest():
+    gen = _generator()
+    text = "intro\n<!-- BEGIN a -->\nold\n<!-- END a -->\nmiddle\n<!-- BEGIN b -->\nkeep\n<!-- END b -->\n"
+    out = gen.replace_section(text, "a", "new $1 \\1\n")
+    assert out == text.replace("old", "new $1 \\1")
+    added = gen.replace_section(out, "c", "fresh", heading="## c")
+    assert added.startswith(out.rstrip("\n")) and added.endswith("## c\n\n<!-- BEGIN c -->\nfresh\n<!-- END c -->\n")
+    assert gen.sections(added) == {"a": "new $1 \\1\n", "b": "keep\n", "c": "fresh\n"}
+
+
+# --- the README's commands run --------------------------------------------------------------
+
+# Each command README.md shows, and what runs it (a test, ``path::name``, or CI's script).
+RUN_BY = {
+    "python3 -m pip install uv": ".ci/run",
+    "uv sync": "tests/grader/test_release_and_gradescope.py::test_student_copy_runs_its_tests_and_the_stubs_fail",
+    "uv run pytest -m lab01": "tests/grader/test_release_and_gradescope.py::test_student_copy_runs_its_tests_and_the_stubs_fail",
+    "uv sync --extra torch": ".ci/run",
+    "uv run python -m gptkit.demo --random --ids 1,2,3": "tests/kit/test_demo.py::test_demo_runs_without_any_weights",
+    "uv run pytest --impl=solutions": ".ci/run",
+    "uv run grader grade examples/submissions -o grading": "tests/grader/test_batch.py::test_batch_outputs_cover_every_student",
+    "uv run grader release ../student-kit": "tests/kit/test_docs.py::test_instructor_quick_start_runs_as_shown",
+    "uv run grader gradescope autograder.zip": "tests/kit/test_docs.py::test_instructor_quick_start_runs_as_shown",
+}
+
+
+def _readme_commands() -> list[str]:
+    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), re.S)
+    return [line.split("#")[0].strip() for block in blocks for line in block.splitlines() if line.split("#")[0].strip()]
+
+
+def test_every_readme_command_is_run_by_a_test_or_ci():
+    commands = _readme_commands()
+    assert commands, "README.md shows no commands"
+    unknown = [c for c in commands if c not in RUN_BY]
+    assert not unknown, f"README.md shows commands that no test runs: {unknown} (add each to RUN_BY with its test)"
+    ci = (KIT_ROOT / ".ci" / "run").read_text()
+    for command in commands:
+        where = RUN_BY[command]
+        if where == ".ci/run":
+            # CI runs it, perhaps with more options (--locked, --quiet): a line holding its every word.
+            assert any(set(command.split()) <= set(line.split()) for line in ci.splitlines()
+                       if not line.lstrip().startswith("#")), f".ci/run does not run {command!r}"
+            continue
+        path, _, name = where.partition("::")
+        assert re.search(rf"^def {name}\(", (KIT_ROOT / path).read_text(), re.M), f"{where} (for {command!r}) is gone"
+
+
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not on PATH: the README's commands start with it")
+def test_instructor_quick_start_runs_as_shown(tmp_path):
+    """The README's release and Gradescope commands, as shown, writing under a scratch
+    folder rather than beside the kit. (``grader grade`` on the example class is run by
+    tests/grader/test_batch.py; the student copy's ``uv run pytest -m lab01`` by
+    tests/grader/test_release_and_gradescope.py.)"""
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    shown = {c.split()[3]: c.split() for c in _readme_commands() if c.startswith("uv run grader ")}
+    release = [*shown["release"][:-1], str(tmp_path / "student-kit")]
+    gradescope = [*shown["gradescope"][:-1], str(tmp_path / "autograder.zip")]
+    for cmd in (release, gradescope):
+        done = subprocess.run(cmd, cwd=KIT_ROOT, capture_output=True, text=True, timeout=600, env=env)
+        assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+    student = tmp_path / "student-kit"
+    assert (student / "labs" / "01_causal_mask" / "src" / "causal_mask.py").is_file()
+    assert not (student / "solutions").exists(), "the student copy holds no solutions"
+    with zipfile.ZipFile(tmp_path / "autograder.zip") as zf:
+        assert {"setup.sh", "run_autograder"} <= set(zf.namelist())
