@@ -1,21 +1,17 @@
-"""Lab 06 · Generation: sampling strategies, beam search, a KV cache, cross-entropy and
-perplexity, on top of lab 04's GPTModel.
+"""Lab 06 · generation on top of lab 04's GPTModel, functional style: the decoding
+pipeline (temperature → top-k → top-p) folded with reduce over (filter, setting) pairs,
+the sampler bound once with partial, ranked hypotheses sorted with itemgetter.
 
-Shapes: B batch (rows), T tokens fed in this call, S keys (cached + new), V vocabulary
-size, H heads, d_head per-head width, L the model's max_seq_len, n new tokens. Logits are
-float (float32 in gives float32 out); token ids are integers, int64 out.
-
-Decoding turns the model's scores for the next token into a choice:
-
-    logits (B, V) ─ / temperature ─ top-k ─ top-p ─ softmax ─ draw one id per row
-
-and repeats, feeding each choice back. A KV cache keeps every block's keys and values of
-the tokens already seen, so each step runs the model on the new token only.
+Shapes: B rows, T tokens fed in a call, S keys (cached + new), V vocabulary size,
+H heads, d_head per-head width, L max_seq_len, n new tokens.
 """
 
 from __future__ import annotations
 
 import math
+from functools import partial, reduce
+from itertools import islice, repeat
+from operator import itemgetter
 
 import numpy as np
 
@@ -26,9 +22,24 @@ from gptkit import as_float_array, check_length, check_ndim, make_rng
 
 # -- input checks shared by the samplers ------------------------------------------------
 
+def _is_number(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating))
+
+
+def _require_number(value, what: str):
+    if not _is_number(value):
+        raise TypeError(f"{what} must be a number, got {type(value).__name__}")
+    return value
+
+
+def _filter_with(scores: np.ndarray, step) -> np.ndarray:
+    """Apply one (filter, setting) pair of the decoding pipeline, skipping unset ones."""
+    fn, setting = step
+    return scores if setting is None else fn(scores, setting)
+
+
 def _check_temperature(temperature) -> float:
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.integer, np.floating)):
-        raise TypeError(f"temperature must be a number, got {type(temperature).__name__}")
+    _require_number(temperature, "temperature")
     if not math.isfinite(temperature) or temperature < 0:
         raise ValueError(f"temperature must be a finite number ≥ 0 (0 means greedy), got {temperature}")
     return float(temperature)
@@ -39,8 +50,7 @@ def _check_top_k(k) -> int:
 
 
 def _check_top_p(p) -> float:
-    if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
-        raise TypeError(f"top-p's p must be a number, got {type(p).__name__}")
+    _require_number(p, "top-p's p")
     if not 0 < p <= 1:
         raise ValueError(f"top-p's p must be in (0, 1] (p = 1 keeps every token), got {p}")
     return float(p)
@@ -176,11 +186,8 @@ def sample_next(logits: np.ndarray, *, temperature: float = 1.0, top_k: int | No
     rng = make_rng(rng)
     if temperature == 0:
         return np.argmax(logits, axis=-1).astype(np.int64)
-    scores = apply_temperature(logits, temperature)
-    if top_k is not None:
-        scores = top_k_filter(scores, top_k)
-    if top_p is not None:
-        scores = top_p_filter(scores, top_p)
+    pipeline = ((apply_temperature, temperature), (top_k_filter, top_k), (top_p_filter, top_p))
+    scores = reduce(_filter_with, pipeline, logits)
     probs = softmax(scores, axis=-1)  # (B, V), filtered tokens get 0
     cdf = np.cumsum(probs, axis=-1, dtype=np.float64)  # (B, V) running totals
     u = rng.random((logits.shape[0], 1)) * cdf[:, -1:]  # one uniform number per row, scaled to its total
@@ -410,12 +417,13 @@ def generate(model: GPTModel, token_ids: np.ndarray, max_new_tokens: int, *, tem
     cache = KVCache(model, B) if use_cache else None
     new = out[:, :T]  # what the model has not seen yet
     finished = np.zeros(B, dtype=bool)
-    for _ in range(max_new_tokens):
+    draw = partial(sample_next, temperature=temperature, top_k=top_k, top_p=top_p, rng=rng)
+    for _ in islice(repeat(None), max_new_tokens):
         if use_cache:
             logits = forward_with_cache(model, new, cache)[:, -1]  # (B, V)
         else:
             logits = model(out[:, :length])[:, -1]  # (B, V): the whole sequence again
-        nxt = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, rng=rng)  # (B,)
+        nxt = draw(logits)  # (B,)
         if eos is not None:
             nxt[finished] = eos  # rows that ended keep emitting EOS
             finished |= nxt == eos
@@ -449,8 +457,7 @@ def beam_search(model: GPTModel, token_ids: np.ndarray, num_beams: int, max_new_
     num_beams = check_length(num_beams, "num_beams")
     token_ids = _check_prompt(model, token_ids, max_new_tokens)
     eos = _check_eos(eos_token_id, model.vocab_size)
-    if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float, np.integer, np.floating)):
-        raise TypeError(f"length_penalty must be a number, got {type(length_penalty).__name__}")
+    _require_number(length_penalty, "length_penalty")
     B, T = token_ids.shape
     nb, n, V = num_beams, max_new_tokens, model.vocab_size
     if n == 0:
@@ -478,7 +485,7 @@ def beam_search(model: GPTModel, token_ids: np.ndarray, num_beams: int, max_new_
                 for c in np.flatnonzero(ends[b, :nb]):  # only the best num_beams may finish
                     hyp = np.append(tokens[b, cand_beams[b, c], :step], cand_tokens[b, c])
                     finished[b].append((cand_scores[b, c] / length ** length_penalty, hyp))
-                finished[b].sort(key=lambda h: -h[0])  # stable: earlier hypotheses win ties
+                finished[b].sort(key=itemgetter(0), reverse=True)  # stable: earlier hypotheses win ties
                 del finished[b][nb:]
             go_on = np.flatnonzero(~ends[b])[:nb]  # the best candidates that did not end
             if go_on.size < nb:  # the last step, or a vocabulary of one token that is EOS
@@ -495,7 +502,7 @@ def beam_search(model: GPTModel, token_ids: np.ndarray, num_beams: int, max_new_
             break
         cache.reorder((rows + nb * np.arange(B)[:, None]).reshape(-1))  # each beam's own keys and values
         logits = forward_with_cache(model, tokens[:, :, step].reshape(B * nb, 1), cache)[:, -1]
-    best = [finished[b][0][1] for b in range(B)]
+    best = [hyps[0][1] for hyps in finished]
     m = max(len(h) for h in best)
     out = np.full((B, T + m), -1 if eos is None else eos, dtype=np.int64)
     out[:, :T] = token_ids

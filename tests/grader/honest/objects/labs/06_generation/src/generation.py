@@ -1,21 +1,18 @@
-"""Lab 06 · Generation: sampling strategies, beam search, a KV cache, cross-entropy and
-perplexity, on top of lab 04's GPTModel.
+"""Lab 06 · generation on top of lab 04's GPTModel, object style: the sampling settings
+as a frozen dataclass that checks itself, numbers.Real for numeric arguments, finished
+beam hypotheses as named tuples in a defaultdict.
 
-Shapes: B batch (rows), T tokens fed in this call, S keys (cached + new), V vocabulary
-size, H heads, d_head per-head width, L the model's max_seq_len, n new tokens. Logits are
-float (float32 in gives float32 out); token ids are integers, int64 out.
-
-Decoding turns the model's scores for the next token into a choice:
-
-    logits (B, V) ─ / temperature ─ top-k ─ top-p ─ softmax ─ draw one id per row
-
-and repeats, feeding each choice back. A KV cache keeps every block's keys and values of
-the tokens already seen, so each step runs the model on the new token only.
+Shapes: B rows, T tokens fed in a call, S keys (cached + new), V vocabulary size,
+H heads, d_head per-head width, L max_seq_len, n new tokens.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
+from collections import defaultdict, namedtuple
+from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -26,8 +23,39 @@ from gptkit import as_float_array, check_length, check_ndim, make_rng
 
 # -- input checks shared by the samplers ------------------------------------------------
 
+Hypothesis = namedtuple("Hypothesis", ["score", "tokens"])
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How ``sample_next`` turns logits into a choice; checked when built."""
+
+    temperature: float = 1.0
+    top_k: Optional[int] = None
+    top_p: Optional[float] = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "temperature", _check_temperature(self.temperature))
+        if self.top_k is not None:
+            object.__setattr__(self, "top_k", _check_top_k(self.top_k))
+        if self.top_p is not None:
+            object.__setattr__(self, "top_p", _check_top_p(self.top_p))
+
+    def filtered(self, logits: np.ndarray) -> np.ndarray:
+        scores = apply_temperature(logits, self.temperature)
+        if self.top_k is not None:
+            scores = top_k_filter(scores, self.top_k)
+        if self.top_p is not None:
+            scores = top_p_filter(scores, self.top_p)
+        return scores
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def _check_temperature(temperature) -> float:
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.integer, np.floating)):
+    if not _is_real(temperature):
         raise TypeError(f"temperature must be a number, got {type(temperature).__name__}")
     if not math.isfinite(temperature) or temperature < 0:
         raise ValueError(f"temperature must be a finite number ≥ 0 (0 means greedy), got {temperature}")
@@ -39,7 +67,7 @@ def _check_top_k(k) -> int:
 
 
 def _check_top_p(p) -> float:
-    if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
+    if not _is_real(p):
         raise TypeError(f"top-p's p must be a number, got {type(p).__name__}")
     if not 0 < p <= 1:
         raise ValueError(f"top-p's p must be in (0, 1] (p = 1 keeps every token), got {p}")
@@ -170,17 +198,11 @@ def sample_next(logits: np.ndarray, *, temperature: float = 1.0, top_k: int | No
     """
     logits = as_float_array(logits, "logits")
     check_ndim(logits, "logits", ndim=2, shape_hint="(B, V)")
-    temperature = _check_temperature(temperature)
-    top_k = None if top_k is None else _check_top_k(top_k)
-    top_p = None if top_p is None else _check_top_p(top_p)
+    settings = Sampling(temperature, top_k, top_p)
     rng = make_rng(rng)
-    if temperature == 0:
+    if settings.temperature == 0:
         return np.argmax(logits, axis=-1).astype(np.int64)
-    scores = apply_temperature(logits, temperature)
-    if top_k is not None:
-        scores = top_k_filter(scores, top_k)
-    if top_p is not None:
-        scores = top_p_filter(scores, top_p)
+    scores = settings.filtered(logits)
     probs = softmax(scores, axis=-1)  # (B, V), filtered tokens get 0
     cdf = np.cumsum(probs, axis=-1, dtype=np.float64)  # (B, V) running totals
     u = rng.random((logits.shape[0], 1)) * cdf[:, -1:]  # one uniform number per row, scaled to its total
@@ -449,7 +471,7 @@ def beam_search(model: GPTModel, token_ids: np.ndarray, num_beams: int, max_new_
     num_beams = check_length(num_beams, "num_beams")
     token_ids = _check_prompt(model, token_ids, max_new_tokens)
     eos = _check_eos(eos_token_id, model.vocab_size)
-    if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float, np.integer, np.floating)):
+    if not _is_real(length_penalty):
         raise TypeError(f"length_penalty must be a number, got {type(length_penalty).__name__}")
     B, T = token_ids.shape
     nb, n, V = num_beams, max_new_tokens, model.vocab_size
@@ -461,7 +483,7 @@ def beam_search(model: GPTModel, token_ids: np.ndarray, num_beams: int, max_new_
     scores = np.full((B, nb), -np.inf, dtype=np.float32)  # running beams' summed log-probs
     scores[:, 0] = 0.0  # one beam to start with: the copies are not candidates
     tokens = np.zeros((B, nb, n), dtype=np.int64)  # running beams' generated tokens
-    finished = [[] for _ in range(B)]  # per row: (normalised score, generated tokens), best first
+    finished = defaultdict(list)  # row → its Hypothesis list, best first
     done = np.zeros(B, dtype=bool)
     for step in range(n):
         length = step + 1  # generated tokens once this step's is added
@@ -477,8 +499,8 @@ def beam_search(model: GPTModel, token_ids: np.ndarray, num_beams: int, max_new_
             if not done[b]:
                 for c in np.flatnonzero(ends[b, :nb]):  # only the best num_beams may finish
                     hyp = np.append(tokens[b, cand_beams[b, c], :step], cand_tokens[b, c])
-                    finished[b].append((cand_scores[b, c] / length ** length_penalty, hyp))
-                finished[b].sort(key=lambda h: -h[0])  # stable: earlier hypotheses win ties
+                    finished[b].append(Hypothesis(cand_scores[b, c] / length ** length_penalty, hyp))
+                finished[b].sort(key=lambda h: -h.score)  # stable: earlier hypotheses win ties
                 del finished[b][nb:]
             go_on = np.flatnonzero(~ends[b])[:nb]  # the best candidates that did not end
             if go_on.size < nb:  # the last step, or a vocabulary of one token that is EOS
@@ -490,12 +512,12 @@ def beam_search(model: GPTModel, token_ids: np.ndarray, num_beams: int, max_new_
             tokens[b] = tokens[b, rows[b]]
             tokens[b, :, step] = cand_tokens[b, go_on]
             if not done[b] and len(finished[b]) == nb:
-                done[b] = scores[b, 0] / length ** length_penalty <= finished[b][-1][0]
+                done[b] = scores[b, 0] / length ** length_penalty <= finished[b][-1].score
         if length == n or done.all():
             break
         cache.reorder((rows + nb * np.arange(B)[:, None]).reshape(-1))  # each beam's own keys and values
         logits = forward_with_cache(model, tokens[:, :, step].reshape(B * nb, 1), cache)[:, -1]
-    best = [finished[b][0][1] for b in range(B)]
+    best = [finished[b][0].tokens for b in range(B)]
     m = max(len(h) for h in best)
     out = np.full((B, T + m), -1 if eos is None else eos, dtype=np.int64)
     out[:, :T] = token_ids
