@@ -1,4 +1,6 @@
-"""Lab 07 · Training: the backward pass of every piece of the GPT, AdamW, gradient
+"""Lab 07 (honest corpus, object style: a Linear's bias gradient kept only when
+``getattr(layer, "bias", None)`` says it has one; Counter, struct, os.path, open and a
+contextmanager for eval mode) · Training: the backward pass of every piece of the GPT, AdamW, gradient
 clipping, a learning-rate schedule, and a character-level training loop.
 
 Shapes: B batch, T tokens, D model width, H heads, d_head = D / H, F feed-forward width,
@@ -15,8 +17,13 @@ name, so ``grads[name]`` lines up with ``model.state_dict()[name]``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import os.path
+import struct
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -300,23 +307,19 @@ def gpt_backward(model: GPTModel, cache: dict, dlogits: np.ndarray) -> dict[str,
         attn, mlp = block.attn, block.mlp
         # x = x_mid + dropout(c_proj(gelu(c_fc(ln_2(x_mid)))))
         d = dropout_backward(dx, c["mlp_keep"], mlp.dropout.p)
-        d, grads[name + "mlp.c_proj.weight"], grads[name + "mlp.c_proj.bias"] = linear_backward(
-            d, c["g"], mlp.c_proj.weight)
+        d = _linear_grads(grads, name + "mlp.c_proj", mlp.c_proj, d, c["g"])
         d = gelu_backward(d, c["f"])
-        d, grads[name + "mlp.c_fc.weight"], grads[name + "mlp.c_fc.bias"] = linear_backward(
-            d, c["h2"], mlp.c_fc.weight)
+        d = _linear_grads(grads, name + "mlp.c_fc", mlp.c_fc, d, c["h2"])
         d, grads[name + "ln_2.weight"], grads[name + "ln_2.bias"] = layernorm_backward(
             d, c["x_mid"], block.ln_2.weight, block.ln_2.eps)
         dx = dx + d  # the residual: both paths carry the gradient
         # x_mid = x_in + dropout(c_proj(attention(q, k, v)))
         d = dropout_backward(dx, c["resid_keep"], attn.resid_dropout.p)
-        d, grads[name + "attn.c_proj.weight"], grads[name + "attn.c_proj.bias"] = linear_backward(
-            d, c["merged"], attn.c_proj.weight)
+        d = _linear_grads(grads, name + "attn.c_proj", attn.c_proj, d, c["merged"])
         dq, dk, dv = causal_attention_backward(_split_heads(d, attn.num_heads), c["q"], c["k"], c["v"],
                                                c["attn_keep"], attn.attn_dropout.p, c["weights"])
         d = np.concatenate([_merge_heads(dq), _merge_heads(dk), _merge_heads(dv)], axis=-1)  # q, k, v blocks
-        d, grads[name + "attn.c_attn.weight"], grads[name + "attn.c_attn.bias"] = linear_backward(
-            d, c["h1"], attn.c_attn.weight)
+        d = _linear_grads(grads, name + "attn.c_attn", attn.c_attn, d, c["h1"])
         d, grads[name + "ln_1.weight"], grads[name + "ln_1.bias"] = layernorm_backward(
             d, c["x_in"], block.ln_1.weight, block.ln_1.eps)
         dx = dx + d
@@ -330,6 +333,15 @@ def gpt_backward(model: GPTModel, cache: dict, dlogits: np.ndarray) -> dict[str,
     grads["wpe.weight"] = np.zeros_like(model.wpe.weight)
     grads["wpe.weight"][:T] = dx.sum(axis=0)
     return grads
+
+
+def _linear_grads(grads: dict, prefix: str, layer, dout: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Store a Linear layer's parameter gradients under ``prefix``; return d(input)."""
+    dx, dweight, dbias = linear_backward(dout, x, layer.weight)
+    grads[prefix + ".weight"] = dweight
+    if getattr(layer, "bias", None) is not None:
+        grads[prefix + ".bias"] = dbias
+    return dx
 
 
 def loss_and_grads(model: GPTModel, token_ids: np.ndarray, targets: np.ndarray, *,
@@ -447,7 +459,8 @@ class CharTokenizer:
     def __init__(self, text: str):
         if not text:
             raise ValueError("a tokenizer needs some text to take its characters from")
-        self.chars = sorted(set(text))
+        self.counts = Counter(text)  # how often each character occurs
+        self.chars = sorted(self.counts)
         self.vocab_size = len(self.chars)
         self._codes = np.array([ord(c) for c in self.chars], dtype=np.int64)
 
@@ -514,14 +527,23 @@ def estimate_loss(model: GPTModel, data: np.ndarray, *, batch_size: int, block_s
                   rng: np.random.Generator) -> float:
     """The mean loss over ``iters`` batches from ``get_batch(data, …, rng)``, in eval mode
     (no dropout); the model's mode is restored afterwards."""
+    losses = []
+    with _evaluating(model):
+        for _ in range(check_length(iters, "iters")):
+            x, y = get_batch(data, batch_size, block_size, rng)
+            losses.append(float(softmax_cross_entropy(gpt_forward(model, x)[0], y)[0]))
+    return sum(losses) / len(losses)
+
+
+@contextlib.contextmanager
+def _evaluating(model: Layer):
+    """The model in eval mode inside the block, in its own mode again after it."""
     was_training = model.training
     model.eval()
-    losses = []
-    for _ in range(check_length(iters, "iters")):
-        x, y = get_batch(data, batch_size, block_size, rng)
-        losses.append(float(softmax_cross_entropy(gpt_forward(model, x)[0], y)[0]))
-    model.train(was_training)
-    return sum(losses) / len(losses)
+    try:
+        yield model
+    finally:
+        model.train(was_training)
 
 
 # -- checkpoints -----------------------------------------------------------------------------
@@ -555,7 +577,7 @@ def write_safetensors(path, tensors: dict[str, np.ndarray], metadata: dict[str, 
     text = text + b" " * ((8 - len(text) % 8) % 8)  # the data starts on an 8-byte boundary
     path = Path(path)
     with open(path, "wb") as f:
-        f.write(len(text).to_bytes(8, "little") + text)
+        f.write(struct.pack("<Q", len(text)) + text)
         for raw in chunks:
             f.write(raw)
     return path
@@ -580,9 +602,9 @@ def save_checkpoint(folder, model: GPTModel, metadata: dict[str, str] | None = N
     and ``folder/config.json`` (``gpt2_config``); create the folder if needed. Lab 05's
     ``load_gpt2(folder)`` and HuggingFace's ``GPT2LMHeadModel.from_pretrained(folder)``
     both load it. Returns the folder."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    write_safetensors(folder / "model.safetensors", model.state_dict(), {"format": "pt", **(metadata or {})})
-    with open(folder / "config.json", "w") as f:
-        f.write(json.dumps(gpt2_config(model), indent=1))
-    return folder
+    os.makedirs(folder, exist_ok=True)
+    write_safetensors(os.path.join(folder, "model.safetensors"), model.state_dict(),
+                      {"format": "pt", **(metadata or {})})
+    with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(gpt2_config(model), f, indent=1)
+    return Path(folder)
