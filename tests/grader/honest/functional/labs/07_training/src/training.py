@@ -1,6 +1,10 @@
 """Lab 07 · Training: the backward pass of every piece of the GPT, AdamW, gradient
 clipping, a learning-rate schedule, and a character-level training loop.
 
+Functional style: gradients stored through one small helper, the global norm as
+fsum over a map, offsets in the checkpoint by itertools.accumulate, the evaluation
+batches drawn through a partial.
+
 Shapes: B batch, T tokens, D model width, H heads, d_head = D / H, F feed-forward width,
 V vocabulary size, L max sequence length, N = B·T target tokens. float32 throughout
 (float64 in gives float64 out: the gradient checks run in float64).
@@ -17,6 +21,9 @@ from __future__ import annotations
 
 import json
 import math
+from functools import partial, reduce
+from itertools import accumulate, repeat
+from operator import add
 from pathlib import Path
 
 import numpy as np
@@ -300,25 +307,19 @@ def gpt_backward(model: GPTModel, cache: dict, dlogits: np.ndarray) -> dict[str,
         attn, mlp = block.attn, block.mlp
         # x = x_mid + dropout(c_proj(gelu(c_fc(ln_2(x_mid)))))
         d = dropout_backward(dx, c["mlp_keep"], mlp.dropout.p)
-        d, grads[name + "mlp.c_proj.weight"], grads[name + "mlp.c_proj.bias"] = linear_backward(
-            d, c["g"], mlp.c_proj.weight)
+        d = _into(grads, name + "mlp.c_proj", linear_backward(d, c["g"], mlp.c_proj.weight))
         d = gelu_backward(d, c["f"])
-        d, grads[name + "mlp.c_fc.weight"], grads[name + "mlp.c_fc.bias"] = linear_backward(
-            d, c["h2"], mlp.c_fc.weight)
-        d, grads[name + "ln_2.weight"], grads[name + "ln_2.bias"] = layernorm_backward(
-            d, c["x_mid"], block.ln_2.weight, block.ln_2.eps)
+        d = _into(grads, name + "mlp.c_fc", linear_backward(d, c["h2"], mlp.c_fc.weight))
+        d = _into(grads, name + "ln_2", layernorm_backward(d, c["x_mid"], block.ln_2.weight, block.ln_2.eps))
         dx = dx + d  # the residual: both paths carry the gradient
         # x_mid = x_in + dropout(c_proj(attention(q, k, v)))
         d = dropout_backward(dx, c["resid_keep"], attn.resid_dropout.p)
-        d, grads[name + "attn.c_proj.weight"], grads[name + "attn.c_proj.bias"] = linear_backward(
-            d, c["merged"], attn.c_proj.weight)
+        d = _into(grads, name + "attn.c_proj", linear_backward(d, c["merged"], attn.c_proj.weight))
         dq, dk, dv = causal_attention_backward(_split_heads(d, attn.num_heads), c["q"], c["k"], c["v"],
                                                c["attn_keep"], attn.attn_dropout.p, c["weights"])
         d = np.concatenate([_merge_heads(dq), _merge_heads(dk), _merge_heads(dv)], axis=-1)  # q, k, v blocks
-        d, grads[name + "attn.c_attn.weight"], grads[name + "attn.c_attn.bias"] = linear_backward(
-            d, c["h1"], attn.c_attn.weight)
-        d, grads[name + "ln_1.weight"], grads[name + "ln_1.bias"] = layernorm_backward(
-            d, c["x_in"], block.ln_1.weight, block.ln_1.eps)
+        d = _into(grads, name + "attn.c_attn", linear_backward(d, c["h1"], attn.c_attn.weight))
+        d = _into(grads, name + "ln_1", layernorm_backward(d, c["x_in"], block.ln_1.weight, block.ln_1.eps))
         dx = dx + d
     dx = dropout_backward(dx, cache["emb_keep"], model.drop.p)
     token_ids = cache["token_ids"]
@@ -330,6 +331,22 @@ def gpt_backward(model: GPTModel, cache: dict, dlogits: np.ndarray) -> dict[str,
     grads["wpe.weight"] = np.zeros_like(model.wpe.weight)
     grads["wpe.weight"][:T] = dx.sum(axis=0)
     return grads
+
+
+def _into(grads: dict, prefix: str, result: tuple) -> np.ndarray:
+    """Store a (d_input, d_weight, d_bias) result's parameter gradients under ``prefix``."""
+    d_input, *params = result
+    grads.update(zip((prefix + ".weight", prefix + ".bias"), params))
+    return d_input
+
+
+def _squared_norm(g: np.ndarray) -> float:
+    return float(np.vdot(g, g))
+
+
+def global_norm(grads: dict[str, np.ndarray]) -> float:
+    """√(sum of every squared element of every gradient)."""
+    return math.sqrt(math.fsum(map(_squared_norm, grads.values())))
 
 
 def loss_and_grads(model: GPTModel, token_ids: np.ndarray, targets: np.ndarray, *,
@@ -410,7 +427,7 @@ def clip_grad_norm(grads: dict[str, np.ndarray], max_norm: float):
         arrays themselves where no scaling is needed), and the norm before clipping as a
         Python float. The arrays given are not modified.
     """
-    total = math.sqrt(sum(float(np.vdot(g, g)) for g in grads.values()))
+    total = global_norm(grads)
     factor = max_norm / (total + 1e-6)
     if factor >= 1.0:
         return dict(grads), total
@@ -503,7 +520,7 @@ def train_step(model: GPTModel, optimizer: AdamW, x: np.ndarray, y: np.ndarray, 
     if max_norm is not None:
         grads, norm = clip_grad_norm(grads, max_norm)
     else:
-        norm = math.sqrt(sum(float(np.vdot(g, g)) for g in grads.values()))
+        norm = global_norm(grads)
     if lr is not None:
         optimizer.lr = lr
     optimizer.step(grads)
@@ -516,12 +533,14 @@ def estimate_loss(model: GPTModel, data: np.ndarray, *, batch_size: int, block_s
     (no dropout); the model's mode is restored afterwards."""
     was_training = model.training
     model.eval()
-    losses = []
-    for _ in range(check_length(iters, "iters")):
-        x, y = get_batch(data, batch_size, block_size, rng)
-        losses.append(float(softmax_cross_entropy(gpt_forward(model, x)[0], y)[0]))
+    draw = partial(get_batch, data, batch_size, block_size)
+    losses = [_batch_loss(model, *draw(rng)) for _ in repeat(None, check_length(iters, "iters"))]
     model.train(was_training)
-    return sum(losses) / len(losses)
+    return reduce(add, losses) / len(losses)
+
+
+def _batch_loss(model: GPTModel, x: np.ndarray, y: np.ndarray) -> float:
+    return float(softmax_cross_entropy(gpt_forward(model, x)[0], y)[0])
 
 
 # -- checkpoints -----------------------------------------------------------------------------
@@ -538,17 +557,13 @@ def write_safetensors(path, tensors: dict[str, np.ndarray], metadata: dict[str, 
     bytes, little-endian, C order, back to back (offsets count from the end of the header).
     Names in sorted order. dtypes: float32, float64, float16, int64, int32. Returns the path.
     """
-    entries: dict = {}
-    chunks, start = [], 0
-    for key in sorted(tensors):
-        value = np.asarray(tensors[key])
-        if value.dtype.name not in _DTYPES:
-            raise TypeError(f"{key}: cannot store dtype {value.dtype} (only {', '.join(_DTYPES)})")
-        raw = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<")).tobytes()
-        entries[key] = {"dtype": _DTYPES[value.dtype.name], "shape": list(value.shape),
-                        "data_offsets": [start, start + len(raw)]}
-        chunks.append(raw)
-        start += len(raw)
+    names = sorted(tensors)
+    values = [_storable(name, tensors[name]) for name in names]
+    chunks = [np.ascontiguousarray(v, dtype=v.dtype.newbyteorder("<")).tobytes() for v in values]
+    ends = list(accumulate(map(len, chunks)))
+    starts = [0, *ends[:-1]]
+    entries: dict = {name: {"dtype": _DTYPES[v.dtype.name], "shape": list(v.shape), "data_offsets": [s, e]}
+                     for name, v, s, e in zip(names, values, starts, ends)}
     if metadata:
         entries["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     text = json.dumps(entries, separators=(",", ":")).encode("utf-8")
@@ -559,6 +574,13 @@ def write_safetensors(path, tensors: dict[str, np.ndarray], metadata: dict[str, 
         for raw in chunks:
             f.write(raw)
     return path
+
+
+def _storable(name: str, value) -> np.ndarray:
+    value = np.asarray(value)
+    if value.dtype.name not in _DTYPES:
+        raise TypeError(f"{name}: cannot store dtype {value.dtype} (only {', '.join(_DTYPES)})")
+    return value
 
 
 def gpt2_config(model: GPTModel) -> dict:

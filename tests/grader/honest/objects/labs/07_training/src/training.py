@@ -1,7 +1,9 @@
-"""Lab 07 (honest corpus, object style: a Linear's bias gradient kept only when
-``getattr(layer, "bias", None)`` says it has one; Counter, struct, os.path, open and a
-contextmanager for eval mode) · Training: the backward pass of every piece of the GPT, AdamW, gradient
+"""Lab 07 · Training: the backward pass of every piece of the GPT, AdamW, gradient
 clipping, a learning-rate schedule, and a character-level training loop.
+
+Object style: a Linear's bias gradient is kept only when ``getattr(layer, "bias", None)``
+says it has one; characters are counted with Counter; checkpoints are written with
+struct, os.path and open; eval mode is a context manager.
 
 Shapes: B batch, T tokens, D model width, H heads, d_head = D / H, F feed-forward width,
 V vocabulary size, L max sequence length, N = B·T target tokens. float32 throughout
