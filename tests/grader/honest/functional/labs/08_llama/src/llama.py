@@ -1,28 +1,20 @@
-"""Lab 08 · From GPT-2 to Llama: RMSNorm, SwiGLU, rotary positions, grouped-query attention.
+"""Lab 08 · from GPT-2 to Llama: RMSNorm, SwiGLU, rotary positions, grouped-query
+attention.
 
-What changes from lab 04's GPT-2, block by block:
-
-    GPT-2                                   Llama
-    LayerNorm (mean, variance, gain, bias)  RMSNorm (root mean square, gain only)
-    GELU MLP  c_proj(gelu(c_fc(x)))         SwiGLU  down(silu(gate(x)) * up(x)), no biases
-    learned positions added to the input    rotary positions: q and k rotated in every block
-    H heads of q, k and v                   H query heads, H_kv ≤ H key/value heads (GQA)
-    head tied to the token embedding        own lm_head (unless tie_word_embeddings)
+Functional style: RoPE's speeds cached with lru_cache (as plain floats), the blocks
+folded with reduce, and the parameter table built from generators chained together.
 
 Shapes: B batch, T tokens in this call, S keys (cached + new), D ``d_model``, H query
 heads, H_kv key/value heads, d = D / H per head, F ``d_ff``, V vocabulary size, L
-``max_seq_len``. Positions are explicit int arrays: a token's position is where it sits
-in its sequence, which is not its index in this call's input once a cache holds the
-earlier tokens.
-
-Weights: every ``Linear`` weight has shape ``(in, out)`` as in labs 03–04. HuggingFace's
-Llama uses ``torch.nn.Linear``, whose weight is ``(out, in)``: loading a checkpoint
-transposes each projection (and an untied ``lm_head``).
+``max_seq_len``. Every ``Linear`` weight is (in, out); loading a HuggingFace checkpoint
+transposes each projection (torch's Linear stores (out, in)) and an untied ``lm_head``.
 """
 
 from __future__ import annotations
 
 import math
+from functools import lru_cache, reduce
+from itertools import chain
 
 import numpy as np
 
@@ -125,12 +117,17 @@ def _check_rope_input(x, positions) -> tuple[np.ndarray, np.ndarray]:
     return x, _check_positions(positions, x.shape[-2])
 
 
+@lru_cache(maxsize=32)
+def _speeds(d: int, base: float) -> tuple[float, ...]:
+    return tuple(base ** (-i / d) for i in range(0, d, 2))
+
+
 def rope_frequencies(d_head: int, base: float = 10000.0) -> np.ndarray:
     """The rotation speeds θ_i = base^(−2i/d) for i = 0 … d/2 − 1, float64 (d/2,)."""
     d = check_length(d_head, "d_head")
     if d % 2:
         raise ValueError(f"RoPE rotates pairs of features: d_head must be even, got {d}")
-    return float(base) ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    return np.array(_speeds(d, float(base)), dtype=np.float64)
 
 
 def rope_angles(positions: np.ndarray, d_head: int, base: float = 10000.0) -> tuple[np.ndarray, np.ndarray]:
@@ -393,9 +390,7 @@ class LlamaModel(Layer):
         token_ids = np.asarray(token_ids)
         check_ndim(token_ids, "token_ids", ndim=2, shape_hint="(B, T)")
         positions = np.arange(token_ids.shape[1]) if positions is None else positions
-        x = self.embed_tokens(token_ids)
-        for block in self.layers:
-            x = block(x, positions)
+        x = reduce(lambda h, block: block(h, positions), self.layers, self.embed_tokens(token_ids))
         return self.logits(self.norm(x))
 
 
@@ -404,18 +399,13 @@ def llama_parameter_shapes(*, vocab_size: int, d_model: int, num_layers: int, nu
     """Every parameter of a LlamaModel by name and shape, as ``state_dict()`` holds them
     (Linear weights (in, out)). Takes LlamaModel's keyword arguments."""
     D, F, kv = d_model, d_ff, num_kv_heads * (d_model // num_heads)
-    shapes = {"embed_tokens.weight": (vocab_size, D)}
-    for i in range(num_layers):
-        p = f"layers.{i}."
-        shapes.update({p + "input_layernorm.weight": (D,), p + "self_attn.q_proj.weight": (D, D),
-                       p + "self_attn.k_proj.weight": (D, kv), p + "self_attn.v_proj.weight": (D, kv),
-                       p + "self_attn.o_proj.weight": (D, D), p + "post_attention_layernorm.weight": (D,),
-                       p + "mlp.gate_proj.weight": (D, F), p + "mlp.up_proj.weight": (D, F),
-                       p + "mlp.down_proj.weight": (F, D)})
-    shapes["norm.weight"] = (D,)
-    if not tie_word_embeddings:
-        shapes["lm_head.weight"] = (D, vocab_size)
-    return shapes
+    per_block = {"input_layernorm.weight": (D,), "self_attn.q_proj.weight": (D, D),
+                 "self_attn.k_proj.weight": (D, kv), "self_attn.v_proj.weight": (D, kv),
+                 "self_attn.o_proj.weight": (D, D), "post_attention_layernorm.weight": (D,),
+                 "mlp.gate_proj.weight": (D, F), "mlp.up_proj.weight": (D, F), "mlp.down_proj.weight": (F, D)}
+    blocks = ((f"layers.{i}.{name}", shape) for i in range(num_layers) for name, shape in per_block.items())
+    head = [] if tie_word_embeddings else [("lm_head.weight", (D, vocab_size))]
+    return dict(chain([("embed_tokens.weight", (vocab_size, D))], blocks, [("norm.weight", (D,))], head))
 
 
 # -- HuggingFace checkpoints -----------------------------------------------------------------------

@@ -1,35 +1,29 @@
-"""Lab 08 · From GPT-2 to Llama: RMSNorm, SwiGLU, rotary positions, grouped-query attention.
+"""Lab 08 · from GPT-2 to Llama: RMSNorm, SwiGLU, rotary positions, grouped-query
+attention.
 
-What changes from lab 04's GPT-2, block by block:
-
-    GPT-2                                   Llama
-    LayerNorm (mean, variance, gain, bias)  RMSNorm (root mean square, gain only)
-    GELU MLP  c_proj(gelu(c_fc(x)))         SwiGLU  down(silu(gate(x)) * up(x)), no biases
-    learned positions added to the input    rotary positions: q and k rotated in every block
-    H heads of q, k and v                   H query heads, H_kv ≤ H key/value heads (GQA)
-    head tied to the token embedding        own lm_head (unless tie_word_embeddings)
+Object style: config.json opened and parsed here with ``open``, checkpoint names
+normalised with ``re``, the head looked up with ``getattr`` (None when tied), the
+parameter table an OrderedDict.
 
 Shapes: B batch, T tokens in this call, S keys (cached + new), D ``d_model``, H query
 heads, H_kv key/value heads, d = D / H per head, F ``d_ff``, V vocabulary size, L
-``max_seq_len``. Positions are explicit int arrays: a token's position is where it sits
-in its sequence, which is not its index in this call's input once a cache holds the
-earlier tokens.
-
-Weights: every ``Linear`` weight has shape ``(in, out)`` as in labs 03–04. HuggingFace's
-Llama uses ``torch.nn.Linear``, whose weight is ``(out, in)``: loading a checkpoint
-transposes each projection (and an untied ``lm_head``).
+``max_seq_len``. Every ``Linear`` weight is (in, out); loading a HuggingFace checkpoint
+transposes each projection (torch's Linear stores (out, in)) and an untied ``lm_head``.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
+from collections import OrderedDict
 
 import numpy as np
 
 from causal_mask import causal_mask
 from embeddings import TokenEmbedding
 from generation import KVCache, sample_next
-from gpt2_weights import checkpoint_file, decode_tensor, parse_header, read_config_json
+from gpt2_weights import checkpoint_file, config_file, decode_tensor, parse_header
 from gptkit import Layer, as_float_array, check_last_dim, check_length, check_ndim, make_rng, state_diff
 from layers import Linear
 
@@ -385,7 +379,8 @@ class LlamaModel(Layer):
         """Final hidden states (B, T, D), already normalised, → logits (B, T, V)."""
         B, T, D = x.shape
         flat = x.reshape(B * T, D)
-        out = flat @ self.embed_tokens.weight.T if self.lm_head is None else self.lm_head(flat)
+        head = getattr(self, "lm_head", None)  # None when the head is tied to the embedding
+        out = flat @ self.embed_tokens.weight.T if head is None else head(flat)
         return out.reshape(B, T, -1)
 
     def forward(self, token_ids: np.ndarray, positions: np.ndarray | None = None) -> np.ndarray:
@@ -404,7 +399,7 @@ def llama_parameter_shapes(*, vocab_size: int, d_model: int, num_layers: int, nu
     """Every parameter of a LlamaModel by name and shape, as ``state_dict()`` holds them
     (Linear weights (in, out)). Takes LlamaModel's keyword arguments."""
     D, F, kv = d_model, d_ff, num_kv_heads * (d_model // num_heads)
-    shapes = {"embed_tokens.weight": (vocab_size, D)}
+    shapes = OrderedDict({"embed_tokens.weight": (vocab_size, D)})
     for i in range(num_layers):
         p = f"layers.{i}."
         shapes.update({p + "input_layernorm.weight": (D,), p + "self_attn.q_proj.weight": (D, D),
@@ -420,6 +415,20 @@ def llama_parameter_shapes(*, vocab_size: int, d_model: int, num_layers: int, nu
 
 # -- HuggingFace checkpoints -----------------------------------------------------------------------
 
+HF_PREFIX = re.compile(r"^model\.")
+ROTARY_BUFFER = re.compile(r"rotary_emb\.inv_freq$")
+
+
+def _read_json(path) -> tuple[dict, object]:
+    """The parsed config.json that ``path`` names, and that file."""
+    file = config_file(path)
+    try:
+        with open(file, encoding="utf-8") as fh:
+            return json.load(fh), file
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{file} is not valid JSON ({exc})") from None
+
+
 def model_name(name: str) -> str | None:
     """A HuggingFace Llama tensor name as LlamaModel's, or None for a tensor to skip.
 
@@ -429,9 +438,9 @@ def model_name(name: str) -> str | None:
     """
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, got {type(name).__name__}")
-    if name.endswith("rotary_emb.inv_freq"):
+    if ROTARY_BUFFER.search(name):
         return None
-    return name[len("model."):] if name.startswith("model.") else name
+    return HF_PREFIX.sub("", name)
 
 
 def to_model_layout(name: str, array: np.ndarray) -> np.ndarray:
@@ -497,7 +506,7 @@ def read_config(path) -> dict:
         ``rope_theta`` (default 10000.0; newer files keep it in
         ``rope_parameters["rope_theta"]``) and ``tie_word_embeddings`` (default False).
     """
-    config, file = read_config_json(path)
+    config, file = _read_json(path)
     _check_llama_config(config, file)
     rope = config.get("rope_parameters") or {}
     return {
