@@ -12,11 +12,17 @@ longest sequence the positions cover. float32 throughout; masks are bool, True =
 
 Parameter names follow MarianMT's (``encoder.layers.0.self_attn.q_proj.weight`` …), with
 every Linear weight stored (d_in, d_out) as in the rest of the kit.
+
+Object style: the activation is an Enum whose members are callable, decoder and encoder
+stacks clone their first layer with copy.deepcopy, the cache asks each layer with
+hasattr whether it has a cross-attention.
 """
 
 from __future__ import annotations
 
+import copy
 import math
+from enum import Enum
 
 import numpy as np
 
@@ -25,7 +31,17 @@ from embeddings import PositionalEmbedding, TokenEmbedding, sinusoidal_positiona
 from gptkit import Layer, as_float_array, check_last_dim, check_length, check_ndim, make_rng
 from layers import Dropout, LayerNorm, Linear, gelu_exact
 
-ACTIVATIONS = ("relu", "gelu")  # "gelu" is the exact (erf) form, as torch's and Marian's "gelu"
+class Activation(Enum):
+    """The feed-forward's non-linearity, by its config name."""
+
+    RELU = "relu"
+    GELU = "gelu"  # the exact (erf) form, as torch's and Marian's "gelu"
+
+    def __call__(self, h: np.ndarray) -> np.ndarray:
+        return np.maximum(h, 0) if self is Activation.RELU else gelu_exact(h)
+
+
+ACTIVATIONS = tuple(kind.value for kind in Activation)
 
 
 def _check_keep(keep, name: str) -> np.ndarray:
@@ -190,9 +206,7 @@ class _Block(Layer):
 
     def feed_forward(self, x: np.ndarray) -> np.ndarray:
         """fc1 → activation (ReLU or exact GELU) → dropout → fc2, (…, D) → (…, D)."""
-        h = self.fc1(x)
-        h = np.maximum(h, 0) if self.activation == "relu" else gelu_exact(h)
-        return self.fc2(self.dropout(h))
+        return self.fc2(self.dropout(Activation(self.activation)(self.fc1(x))))
 
     def sublayer(self, x: np.ndarray, f, norm: LayerNorm) -> np.ndarray:
         """One residual sub-layer ``f`` with its own LayerNorm ``norm``.
@@ -217,8 +231,10 @@ class _Stack(Layer):
                  activation: str = "relu", norm_first: bool = False, layer_norm_eps: float = 1e-5,
                  rng: np.random.Generator | None = None):
         rng = make_rng(rng)
-        self.layers = [self.block(d_model, num_heads, d_ff, dropout, activation=activation, norm_first=norm_first,
-                                  layer_norm_eps=layer_norm_eps, rng=rng) for _ in range(check_length(num_layers, "num_layers"))]
+        first = self.block(d_model, num_heads, d_ff, dropout, activation=activation, norm_first=norm_first,
+                           layer_norm_eps=layer_norm_eps, rng=rng)
+        # The other layers start as copies of the first (each its own arrays, as torch's clones).
+        self.layers = [first] + [copy.deepcopy(first) for _ in range(check_length(num_layers, "num_layers") - 1)]
         self.layer_norm = LayerNorm(d_model, eps=layer_norm_eps) if norm_first else None
 
 
@@ -456,7 +472,8 @@ class DecoderCache:
         self.keys = [np.zeros(shape, np.float32) for _ in layers]
         self.values = [np.zeros(shape, np.float32) for _ in layers]
         self.length = 0
-        kv = [layer.encoder_attn.project_kv(memory) if cache_cross else (None, None) for layer in layers]
+        kv = [layer.encoder_attn.project_kv(memory) if cache_cross and hasattr(layer, "encoder_attn") else (None, None)
+              for layer in layers]
         self.cross_keys = [k for k, _ in kv]
         self.cross_values = [v for _, v in kv]
 
