@@ -12,11 +12,17 @@ longest sequence the positions cover. float32 throughout; masks are bool, True =
 
 Parameter names follow MarianMT's (``encoder.layers.0.self_attn.q_proj.weight`` …), with
 every Linear weight stored (d_in, d_out) as in the rest of the kit.
+
+Functional style: activations looked up in a table of functions (a partial for ReLU),
+the key-padding masks from one helper, the encoder's layers folded with reduce, the
+decoding steps counted with itertools.
 """
 
 from __future__ import annotations
 
 import math
+from functools import partial, reduce
+from itertools import count, islice
 
 import numpy as np
 
@@ -25,7 +31,15 @@ from embeddings import PositionalEmbedding, TokenEmbedding, sinusoidal_positiona
 from gptkit import Layer, as_float_array, check_last_dim, check_length, check_ndim, make_rng
 from layers import Dropout, LayerNorm, Linear, gelu_exact
 
-ACTIVATIONS = ("relu", "gelu")  # "gelu" is the exact (erf) form, as torch's and Marian's "gelu"
+# The feed-forward's non-linearity by name; "gelu" is the exact (erf) form, as torch's and Marian's.
+ACTIVATION_FNS = {"relu": partial(np.maximum, 0), "gelu": gelu_exact}
+ACTIVATIONS = tuple(ACTIVATION_FNS)
+
+
+def _broadcast_keys(keep: np.ndarray, queries: int) -> np.ndarray:
+    """(B, S) key-padding flags → (B, 1, queries, S): every query sees the same keys."""
+    B, S = keep.shape
+    return np.broadcast_to(keep[:, None, None, :], (B, 1, queries, S))
 
 
 def _check_keep(keep, name: str) -> np.ndarray:
@@ -59,17 +73,14 @@ def encoder_mask(src_keep: np.ndarray) -> np.ndarray:
     """bool (B, 1, S, S) for the encoder's self-attention: every source position may see
     every real source token (no causal mask); padded keys are hidden."""
     src_keep = _check_keep(src_keep, "src_keep")
-    B, S = src_keep.shape
-    return np.broadcast_to(src_keep[:, None, None, :], (B, 1, S, S))
+    return _broadcast_keys(src_keep, src_keep.shape[1])
 
 
 def cross_attention_mask(src_keep: np.ndarray, tgt_len: int) -> np.ndarray:
     """bool (B, 1, T, S) for the cross-attention: each of the T target queries may see every
     real source token, none of the padding. No causal mask: the source is all known."""
     src_keep = _check_keep(src_keep, "src_keep")
-    T = check_length(tgt_len, "tgt_len")
-    B, S = src_keep.shape
-    return np.broadcast_to(src_keep[:, None, None, :], (B, 1, T, S))
+    return _broadcast_keys(src_keep, check_length(tgt_len, "tgt_len"))
 
 
 def decoder_mask(tgt_keep: np.ndarray) -> np.ndarray:
@@ -190,9 +201,7 @@ class _Block(Layer):
 
     def feed_forward(self, x: np.ndarray) -> np.ndarray:
         """fc1 → activation (ReLU or exact GELU) → dropout → fc2, (…, D) → (…, D)."""
-        h = self.fc1(x)
-        h = np.maximum(h, 0) if self.activation == "relu" else gelu_exact(h)
-        return self.fc2(self.dropout(h))
+        return self.fc2(self.dropout(ACTIVATION_FNS[self.activation](self.fc1(x))))
 
     def sublayer(self, x: np.ndarray, f, norm: LayerNorm) -> np.ndarray:
         """One residual sub-layer ``f`` with its own LayerNorm ``norm``.
@@ -291,8 +300,7 @@ class Encoder(_Stack):
 
     def forward(self, x: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         """x (B, S, D) → memory (B, S, D)."""
-        for layer in self.layers:
-            x = layer(x, mask)
+        x = reduce(lambda h, layer: layer(h, mask), self.layers, x)
         return x if self.layer_norm is None else self.layer_norm(x)
 
 
@@ -522,8 +530,7 @@ def greedy_decode(model: EncoderDecoderModel, src_ids: np.ndarray, max_new_token
     out[:, 0] = start_id
     cache = DecoderCache(model, memory, cache_cross=cache_cross) if use_cache else None
     finished = np.zeros(B, dtype=bool)
-    length = 1
-    for _ in range(max_new_tokens):
+    for length in islice(count(1), max_new_tokens):
         if use_cache:
             logits = decode_step(model, out[:, length - 1 : length], memory, src_keep, cache)[:, -1]
         else:
@@ -533,7 +540,6 @@ def greedy_decode(model: EncoderDecoderModel, src_ids: np.ndarray, max_new_token
         if eos_id is not None:
             finished |= nxt == eos_id
         out[:, length] = nxt
-        length += 1
         if eos_id is not None and finished.all():
-            break
-    return out[:, :length].copy()
+            return out[:, : length + 1].copy()
+    return out.copy()
