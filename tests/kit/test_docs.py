@@ -64,6 +64,14 @@ def test_readme_has_a_row_for_every_lab():
     assert listed == sorted(listed), "README.md's lab table is in lab order"
 
 
+def test_student_readme_has_a_row_for_every_lab():
+    """The README of the student copy (grader release) lists every lab too."""
+    text = (KIT_ROOT / "grader" / "templates" / "STUDENT_README.md").read_text()
+    listed = re.findall(r"^\| (\d\d_\w+) \|", text, re.M)
+    labs = [lab.name for lab in lab_dirs(KIT_ROOT / "labs")]
+    assert listed == labs, f"grader/templates/STUDENT_README.md lists {listed}, the labs are {labs}"
+
+
 def _slug(heading: str) -> str:
     """GitHub's anchor for a heading."""
     text = re.sub(r"[`*_]{2,}|`", "", heading.strip().lower())
@@ -223,6 +231,7 @@ RUN_BY = {
     "uv run python -m gptkit.demo --random --ids 1,2,3": "tests/kit/test_demo.py::test_demo_runs_without_any_weights",
     "uv run pytest --impl=solutions": ".ci/run",
     "uv run grader grade examples/submissions -o grading": "tests/grader/test_batch.py::test_batch_outputs_cover_every_student",
+    "uv run grader check labs/01_causal_mask": "tests/grader/test_release_and_gradescope.py::test_grader_check_runs_in_the_student_copy",
     "uv run grader release ../student-kit": "tests/kit/test_docs.py::test_instructor_quick_start_runs_as_shown",
     "uv run grader gradescope autograder.zip": "tests/kit/test_docs.py::test_instructor_quick_start_runs_as_shown",
 }
