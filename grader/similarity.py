@@ -1,0 +1,421 @@
+"""``grader similarity``: which pairs of students share unusually much of their own code.
+
+Per lab, each student's lab files (read exactly as ``grader grade`` reads them) are one
+document. copydetect (the winnowing algorithm MOSS uses; Pygments tokenizes, so names,
+comments, spacing and blank lines do not count) fingerprints every document, and every
+fingerprint that also occurs in the lab's starter code — the stub, the given code around
+each ``# YOUR CODE HERE``, and the reference solution — is dropped as boilerplate: only
+what each student wrote is compared. Two untouched stubs share nothing and score 0.
+
+A pair's score is the larger of the two fractions of a student's own code that the other
+shares. A pair is flagged when its score reaches the lab's threshold (grader/similarity.toml:
+in a lab whose code the specification nearly dictates, independent solutions score high)
+and the shared passages span at least ``MIN_LINES`` lines: a few identical one-liners are
+not a pattern. A flag is evidence for a person to look at, never a verdict; it changes no
+score.
+"""
+
+from __future__ import annotations
+
+import builtins
+import io
+import json
+import keyword
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gptkit.testing.layout import KIT_ROOT, lab_dirs
+from grader.submission import SubmissionError, discover, expected_files, read_submission
+
+NOISE = 25  # copydetect's k: the shortest match that counts, in tokenized characters
+GUARANTEE = 30  # every match at least this long is found (window = GUARANTEE - NOISE + 1)
+MIN_LINES = 6  # a pair shares at least this many lines of the students' own code to be flagged
+SETTINGS = Path(__file__).with_name("similarity.toml")
+WORDING = ("Similarity is evidence for a person to look at, never a verdict: students who follow "
+           "the same specification write alike, and a high score can have an innocent reason. "
+           "It changes no score.")
+
+
+class SimilarityError(ValueError):
+    """The check cannot run at all (one line, shown to the instructor)."""
+
+
+def _copydetect():
+    os.environ.setdefault("MPLBACKEND", "Agg")  # copydetect imports pyplot; no display here
+    try:
+        from copydetect import CodeFingerprint, compare_files
+    except ImportError:
+        raise SimilarityError("the similarity check needs copydetect, in the kit's `similarity` extra: "
+                              "`uv sync --extra similarity` (add `--extra torch` if you use it too)") from None
+    return CodeFingerprint, compare_files
+
+
+def thresholds(labs: list[str], override: dict[str, float] | float | None = None) -> dict[str, float]:
+    """lab → the score at which a pair is flagged: similarity.toml's default, its per-lab
+    entries, then ``override`` (one number for every lab, or lab number/name → number)."""
+    data = tomllib.loads(SETTINGS.read_text(encoding="utf-8"))
+    default = float(data.get("defaults", {}).get("threshold", 0.5))
+    per_lab = data.get("labs", {})
+    out = {lab: float(per_lab.get(lab, {}).get("threshold", default)) for lab in labs}
+    if isinstance(override, (int, float)):
+        return {lab: float(override) for lab in labs}
+    for key, value in (override or {}).items():
+        hit = [lab for lab in labs if lab == key or lab[:2] == key.zfill(2)]
+        if not hit:
+            raise SimilarityError(f"--threshold {key}={value}: no lab {key} among {', '.join(labs)}")
+        for lab in hit:
+            out[lab] = float(value)
+    return out
+
+
+def parse_threshold(text: str | None) -> dict[str, float] | float | None:
+    """``0.6`` (every lab) or ``0.6,05=0.9`` (a default, then per-lab values)."""
+    if not text:
+        return None
+    out: dict[str, float] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        key, _, value = part.rpartition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            raise SimilarityError(f"--threshold: {part!r} is not a number (e.g. 0.6 or 05=0.9)") from None
+        if not 0 < number <= 1:
+            raise SimilarityError(f"--threshold: {number} is outside (0, 1]")
+        out[key or "*"] = number
+    return out
+
+
+# -- what is compared -----------------------------------------------------------------------
+def lab_text(files: dict[str, bytes], modules: list[str], lab: str) -> str:
+    """A student's lab as one document: the modules in a fixed order, each under its path."""
+    parts = []
+    for module in modules:
+        if module in files:
+            text = files[module].decode("utf-8", "replace").replace("\r\n", "\n")
+            parts.append(f"# labs/{lab}/src/{module}.py\n{text.rstrip()}\n")
+    return "\n".join(parts)
+
+
+def boilerplate_texts(lab: str) -> list[str]:
+    """What every student of ``lab`` is given or is meant to reproduce: its stubs (the given
+    code around each ``# YOUR CODE HERE``) and the reference solution."""
+    texts = []
+    for root in (KIT_ROOT / "labs" / lab / "src", KIT_ROOT / "solutions" / lab):
+        texts += [p.read_text(encoding="utf-8") for p in sorted(root.glob("*.py")) if not p.name.startswith("_")]
+    return texts
+
+
+@dataclass
+class Document:
+    student: str
+    lab: str
+    text: str
+    reference: bool = False  # from --reference: compared with the class, not among themselves
+    fingerprint: object = None  # copydetect's CodeFingerprint of the tokenized text
+    hashes: object = None  # its fingerprints and their positions in the tokenized text, in order
+    positions: object = None
+    first: object = None  # tokenized character i stands for text[first[i]:last[i]]
+    last: object = None
+    line_starts: object = None
+    own_before: object = None  # own lines (not blank, not a line of the starter code) before each line
+
+    @property
+    def own_size(self) -> int:
+        """How much of the document is the student's own (tokenized characters covered by
+        fingerprints that are not boilerplate)."""
+        return int(self.fingerprint.token_coverage) if self.fingerprint is not None else 0
+
+
+@dataclass
+class Pair:
+    lab: str
+    a: str
+    b: str
+    score: float  # max(score_a, score_b)
+    score_a: float  # the fraction of a's own code that b shares
+    score_b: float
+    lines: int  # lines of the students' own code in shared passages (the smaller side)
+    flagged: bool = False
+    reference: bool = False  # b is from an earlier year (--reference)
+    slices_a: list[tuple[int, int]] = field(default_factory=list)  # character ranges in a's text
+    slices_b: list[tuple[int, int]] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        return {"lab": self.lab, "a": self.a, "b": self.b, "score": round(self.score, 3),
+                "score_a": round(self.score_a, 3), "score_b": round(self.score_b, 3), "lines": self.lines,
+                "flagged": self.flagged, "reference": self.reference}
+
+
+@dataclass
+class Check:
+    labs: list[str]
+    thresholds: dict[str, float]
+    students: list[str]
+    docs: dict[str, dict[str, Document]] = field(default_factory=dict)  # lab → student → document
+    refs: dict[str, dict[str, Document]] = field(default_factory=dict)  # lab → reference id → document
+    pairs: dict[str, list[Pair]] = field(default_factory=dict)  # lab → pairs, highest score first
+    problems: list[str] = field(default_factory=list)  # "student: why it was left out"
+
+    def flagged(self) -> list[Pair]:
+        return [p for lab in self.labs for p in self.pairs.get(lab, []) if p.flagged]
+
+    def text(self, p: Pair, side: str) -> str:
+        return (self.docs[p.lab][p.a] if side == "a" else
+                (self.refs if p.reference else self.docs)[p.lab][p.b]).text
+
+
+# -- inputs --------------------------------------------------------------------------------
+def graded_sources(out_dir: Path) -> list[tuple[str, Path]] | None:
+    """The submissions a finished grading read (each student's result.json ``source``),
+    or None when ``out_dir`` is not a grading's output folder."""
+    results = sorted(Path(out_dir).glob("students/*/result.json"))
+    if not results:
+        return None
+    found = []
+    for f in results:
+        try:
+            data = json.loads(f.read_text(encoding="utf-8"))
+            found.append((str(data["student"]), Path(data["source"])))
+        except (OSError, ValueError, KeyError, TypeError):
+            found.append((f.parent.name, f))  # read_submission says what is wrong with it
+    return found
+
+
+def gather(paths: list[Path]) -> list[tuple[str, Path]]:
+    """(student, submission) as ``grader grade`` finds them; a grading's output folder
+    stands for the submissions it graded."""
+    entries: list[tuple[str, Path]] = []
+    for path in paths:
+        graded = graded_sources(path) if Path(path).is_dir() else None
+        entries += graded if graded is not None else discover([Path(path)])
+    seen: dict[str, int] = {}
+    unique = []
+    for student, p in entries:  # as grade's run_batch: a repeated id gets a ~2 suffix
+        seen[student] = seen.get(student, 0) + 1
+        unique.append((student if seen[student] == 1 else f"{student}~{seen[student]}", p))
+    return unique
+
+
+def _documents(entries, labs, wanted, problems, reference=False) -> dict[str, dict[str, Document]]:
+    docs: dict[str, dict[str, Document]] = {lab: {} for lab in labs}
+    for student, path in entries:
+        try:
+            sub = read_submission(student, path, {lab: wanted[lab] for lab in labs})
+        except SubmissionError as exc:
+            problems.append(f"{'reference ' if reference else ''}{student}: left out: {exc}")
+            continue
+        except OSError as exc:
+            problems.append(f"{'reference ' if reference else ''}{student}: left out: cannot read {path} ({exc.strerror})")
+            continue
+        for lab in labs:
+            if sub.files.get(lab):
+                docs[lab][student] = Document(student, lab, lab_text(sub.files[lab], wanted[lab], lab), reference)
+    return docs
+
+
+# -- the comparison ------------------------------------------------------------------------
+_KEPT_NAMES = frozenset(dir(builtins)) | {"self", "cls"}
+_KEYWORDS = frozenset(keyword.kwlist)
+# One token per match, any text at all (an unclosed string or bracket is read on as
+# single characters): the lexing copydetect does with Pygments, at a speed a class of
+# hundreds needs (Pygments reads about 40,000 tokens a second; this, millions).
+_STRING = (r"[rRbBuUfF]{0,2}(?:'{3}(?:\\.|[^\\])*?'{3}|\"{3}(?:\\.|[^\\])*?\"{3}"
+           r"|'(?:\\.|[^'\\\n])*'|\"(?:\\.|[^\"\\\n])*\")")
+_TOKEN = re.compile("|".join([
+    r"(?P<space>\s+)",
+    r"(?P<comment>#[^\n]*)",
+    f"(?P<string>{_STRING})",
+    r"(?P<name>[^\W\d]\w*)",
+    r"(?P<number>\d[\w.]*(?:[eE][-+]?\d+)?j?|\.\d\w*)",
+    r"(?P<op>\*\*=?|//=?|->|:=|<<=?|>>=?|[<>!=]=|[-+*/%@&|^~<>=.,:;()\[\]{}]=?)",
+    r"(?P<other>.)",
+]), re.DOTALL)
+
+
+def _pieces(text: str):
+    """(piece, raw start, raw end) per token, as copydetect's filter writes them."""
+    prev, importing, depth = "\n", False, 0
+    for m in _TOKEN.finditer(text):
+        kind, value = m.lastgroup, m.group()
+        if kind == "space":
+            if depth == 0 and "\n" in value:
+                prev, importing = "\n", False
+            continue
+        if kind == "comment":
+            continue
+        if kind == "name":
+            if value in _KEYWORDS:
+                piece = value
+                importing = importing or (prev in ("\n", ";") and value in ("import", "from"))
+            elif prev in ("def", "class"):
+                piece = "F" if prev == "def" else "O"
+            elif importing or value in _KEPT_NAMES:
+                piece = value
+            else:
+                piece = "V"
+        elif kind == "string":
+            piece = "S"
+        else:
+            piece = value
+            if value in ("(", "[", "{"):
+                depth += 1
+            elif value in (")", "]", "}"):
+                depth = max(0, depth - 1)
+        prev = value
+        yield piece, m.start(), m.end()
+
+
+def tokenized(text: str):
+    """The text as copydetect's filter writes it — every name V (F for a function being
+    defined, O for a class), every string S, no comments, spacing or blank lines; keywords,
+    builtins, imported modules, numbers and operators as they are — and, for each of its
+    characters, the range of the raw text it stands for: (filtered, first, last)."""
+    import numpy as np
+
+    pieces = list(_pieces(text))
+    if not pieces:
+        return "", np.zeros(0, np.int64), np.zeros(0, np.int64)
+    out = [p for p, _, _ in pieces]
+    a = np.fromiter((x for _, x, _ in pieces), np.int64, len(pieces))
+    b = np.fromiter((x for _, _, x in pieces), np.int64, len(pieces))
+    n = np.fromiter((len(p) for p in out), np.int64, len(pieces))
+    kept = np.repeat(n == b - a, n)  # written as is: character for character
+    step = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
+    first = np.repeat(a, n) + np.where(kept, step, 0)
+    last = np.where(kept, first + 1, np.repeat(b, n))
+    return "".join(out), first, last
+
+
+def fingerprint(doc: Document, boilerplate, given_lines: set[str], k: int = NOISE, window: int = GUARANTEE - NOISE + 1) -> None:
+    """copydetect's fingerprint of the document (winnowed k-gram hashes of the tokenized
+    text, boilerplate dropped), kept as arrays, in the order of their positions."""
+    import numpy as np
+
+    CodeFingerprint, _ = _copydetect()
+    filtered, doc.first, doc.last = tokenized(doc.text)
+    fp = CodeFingerprint(f"{doc.student}.py", k, window, boilerplate, filter=False, fp=io.StringIO(filtered))
+    doc.fingerprint = fp
+    hashes = np.array([h for h, idx in fp.hash_idx.items() for _ in idx], dtype=np.int64)
+    positions = np.array([i for idx in fp.hash_idx.values() for i in idx], dtype=np.int64)
+    order = np.argsort(positions, kind="stable")
+    doc.hashes, doc.positions = hashes[order], positions[order]
+    lines = doc.text.split("\n")
+    doc.line_starts = np.cumsum([0] + [len(ln) + 1 for ln in lines[:-1]])
+    own = np.array([bool(ln.strip()) and ln.strip() not in given_lines for ln in lines])
+    doc.own_before = np.concatenate([[0], np.cumsum(own)])  # own lines before line i
+
+
+def shared(doc: Document, mask, k: int = NOISE):
+    """What copydetect's ``compare_files`` reports for one side, vectorized: given which of
+    the document's fingerprints the other document shares (``mask``), the tokenized
+    characters they cover (the overlap), and the shared passages as raw-text offsets."""
+    import numpy as np
+
+    pos = doc.positions[mask]
+    if pos.size == 0:
+        return 0, pos, pos
+    gaps = np.diff(pos)
+    overlap = int(np.minimum(gaps, k).sum()) + k
+    cut = np.flatnonzero(gaps >= k)  # copydetect starts a new passage where the gap is k or more
+    starts = np.concatenate([pos[:1], pos[cut + 1]])
+    ends = np.minimum(np.concatenate([pos[cut], pos[-1:]]) + k, len(doc.first))
+    return overlap, doc.first[starts], doc.last[ends - 1]
+
+
+def own_lines(doc: Document, starts, ends) -> int:
+    """Lines of the student's own code (not blank, not a line of the starter code) that
+    the passages (in order, not overlapping) touch."""
+    import numpy as np
+
+    if starts.size == 0:
+        return 0
+    first = np.searchsorted(doc.line_starts, starts, "right") - 1
+    last = np.searchsorted(doc.line_starts, ends - 1, "right") - 1
+    lo = np.maximum(first, np.concatenate([[-1], last[:-1]]) + 1)  # a line counts once
+    keep = last >= lo
+    return int((doc.own_before[last[keep] + 1] - doc.own_before[lo[keep]]).sum())
+
+
+def boilerplate_hashes(lab: str, k: int = NOISE):
+    """Every k-gram of the lab's starter code and reference solution, tokenized."""
+    import numpy as np
+
+    CodeFingerprint, _ = _copydetect()
+    hashes: set[int] = set()
+    for text in boilerplate_texts(lab):
+        hashes |= CodeFingerprint(f"{lab}.py", k, 1, filter=False, fp=io.StringIO(tokenized(text)[0])).hashes
+    return np.array(sorted(hashes), dtype=np.int64)
+
+
+def compare_lab(lab: str, docs: dict[str, Document], refs: dict[str, Document], threshold: float,
+                k: int = NOISE, guarantee: int = GUARANTEE) -> list[Pair]:
+    """Every pair of the class's documents, and each against every reference document,
+    highest score first. The scores are copydetect's (``compare_files``), computed for
+    all pairs at once: each fingerprint gets a number, each document a row of which it has."""
+    import numpy as np
+
+    boilerplate = boilerplate_hashes(lab, k)
+    given_lines = {ln.strip() for text in boilerplate_texts(lab) for ln in text.splitlines()}
+    everyone = [*docs.values(), *refs.values()]
+    for d in everyone:
+        fingerprint(d, boilerplate, given_lines, k, guarantee - k + 1)
+    everyone = [d for d in everyone if d.hashes.size]  # an untouched stub has nothing of its own
+    if not everyone:
+        return []
+    vocabulary = np.unique(np.concatenate([d.hashes for d in everyone]))
+    has = np.zeros((len(everyone), vocabulary.size), dtype=bool)
+    ids = []
+    for i, d in enumerate(everyone):
+        ids.append(np.searchsorted(vocabulary, d.hashes))
+        has[i, ids[-1]] = True
+    index = {id(d): i for i, d in enumerate(everyone)}
+    class_docs = sorted((d for d in everyone if not d.reference), key=lambda d: d.student)
+    ref_docs = sorted((d for d in everyone if d.reference), key=lambda d: d.student)
+    pairs = []
+    for n, da in enumerate(class_docs):
+        ia = index[id(da)]
+        for db in (*class_docs[n + 1:], *ref_docs):
+            ib = index[id(db)]
+            mask_a = has[ib][ids[ia]]
+            if not mask_a.any():
+                continue
+            over_a, sa, ea = shared(da, mask_a, k)
+            over_b, sb, eb = shared(db, has[ia][ids[ib]], k)
+            score_a = over_a / da.fingerprint.token_coverage
+            score_b = over_b / db.fingerprint.token_coverage
+            score = float(max(score_a, score_b))
+            lines = min(own_lines(da, sa, ea), own_lines(db, sb, eb))
+            flagged = score >= threshold and lines >= MIN_LINES
+            pairs.append(Pair(lab, da.student, db.student, score, float(score_a), float(score_b), lines, flagged,
+                              db.reference, list(zip(sa.tolist(), ea.tolist())) if flagged else [],
+                              list(zip(sb.tolist(), eb.tolist())) if flagged else []))
+    pairs.sort(key=lambda p: (-p.score, -p.lines, p.a, p.b))
+    return pairs
+
+
+def run(paths: list[Path], labs: list[str] | None = None, *, threshold=None, reference: Path | None = None) -> Check:
+    """The whole check: gather the submissions, compare each lab, rank the pairs."""
+    wanted_all = expected_files()
+    all_labs = list(wanted_all)
+    chosen = [lab for lab in all_labs if not labs or lab in labs or lab[:2] in labs]
+    if labs and not chosen:
+        raise SimilarityError(f"no lab matches {', '.join(labs)}; labs are {', '.join(all_labs)}")
+    over = threshold
+    if isinstance(threshold, dict) and "*" in threshold:
+        base = threshold["*"]
+        over = {lab: base for lab in chosen} | {k: v for k, v in threshold.items() if k != "*"}
+    check = Check(chosen, thresholds(chosen, over), [])
+    try:
+        entries = gather([Path(p) for p in paths])
+        ref_entries = gather([Path(reference)]) if reference else []
+    except SubmissionError as exc:
+        raise SimilarityError(str(exc)) from None
+    check.students = [s for s, _ in entries]
+    check.docs = _documents(entries, chosen, wanted_all, check.problems)
+    check.refs = _documents(ref_entries, chosen, wanted_all, check.problems, reference=True)
+    for lab in chosen:
+        check.pairs[lab] = compare_lab(lab, check.docs[lab], check.refs[lab], check.thresholds[lab])
+    return check
