@@ -419,3 +419,224 @@ def run(paths: list[Path], labs: list[str] | None = None, *, threshold=None, ref
     for lab in chosen:
         check.pairs[lab] = compare_lab(lab, check.docs[lab], check.refs[lab], check.thresholds[lab])
     return check
+# -- outputs -------------------------------------------------------------------------------
+TABLE_ROWS = 10  # pairs printed per lab (all flagged pairs are in stats.json and the page)
+PAGE_PAIRS = 50  # flagged pairs shown side by side per lab
+MARK_RGB = (0xFD, 0xE6, 0x8A)  # the highlight of a shared passage on the page
+
+
+def _score(x: float) -> str:
+    return f"{x:.2f}"
+
+
+def table(check: Check) -> str:
+    """The ranked pairs per lab, as printed."""
+    out = [WORDING, ""]
+    for lab in check.labs:
+        pairs = check.pairs.get(lab, [])
+        docs = check.docs.get(lab, {})
+        if not docs:
+            continue
+        flagged = sum(p.flagged for p in pairs)
+        out.append(f"{lab}: {len(docs)} submission(s) with the lab, {len(pairs)} pair(s) share some of their own "
+                   f"code, {flagged} at or above the threshold {check.thresholds[lab]:g} with ≥ {MIN_LINES} lines")
+        if not pairs:
+            out.append("")
+            continue
+        w = max(7, *(len(p.a) for p in pairs[:TABLE_ROWS]), *(len(p.b) for p in pairs[:TABLE_ROWS]))
+        out.append(f"  {'score':>5}  {'lines':>5}  {'student':<{w}}  {'student':<{w}}  ")
+        for p in pairs[:TABLE_ROWS]:
+            b = p.b + (" (reference)" if p.reference else "")
+            out.append(f"  {_score(p.score):>5}  {p.lines:>5}  {p.a:<{w}}  {b:<{w}}  {'look at this pair' if p.flagged else ''}")
+        if len(pairs) > TABLE_ROWS:
+            out.append(f"  … {len(pairs) - TABLE_ROWS} more pair(s) in stats.json")
+        out.append("")
+    absent = [lab for lab in check.labs if not check.docs.get(lab)]
+    if absent:
+        out += [f"no submission has {', '.join(absent)}", ""]
+    for line in check.problems:
+        out.append(line)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def stats(check: Check) -> dict:
+    """The numbers for stats.json's ``similarity`` key."""
+    import numpy as np
+
+    labs = {}
+    for lab in check.labs:
+        pairs = check.pairs.get(lab, [])
+        docs = check.docs.get(lab, {})
+        scores = np.array([p.score for p in pairs]) if pairs else np.zeros(0)
+        everyone = len(docs) * (len(docs) - 1) // 2 + len(docs) * len(check.refs.get(lab, {}))
+        all_scores = np.concatenate([scores, np.zeros(max(0, everyone - len(pairs)))])
+        labs[lab] = {
+            "threshold": check.thresholds[lab],
+            "submissions": len(docs),
+            "with_own_code": sum(1 for d in docs.values() if d.hashes is not None and d.hashes.size),
+            "pairs": everyone,
+            "pairs_sharing_code": len(pairs),
+            "flagged": sum(p.flagged for p in pairs),
+            "max": round(float(all_scores.max()), 3) if all_scores.size else 0.0,
+            "median": round(float(np.median(all_scores)), 3) if all_scores.size else 0.0,
+            "p95": round(float(np.percentile(all_scores, 95)), 3) if all_scores.size else 0.0,
+            "pairs_ranked": [p.summary() for p in pairs if p.flagged] + [p.summary() for p in pairs[:TABLE_ROWS]
+                                                                          if not p.flagged],
+        }
+    return {"note": WORDING, "k": NOISE, "window": GUARANTEE - NOISE + 1, "min_lines": MIN_LINES,
+            "students": len(check.students), "left_out": check.problems, "labs": labs}
+
+
+def student_flags(check: Check) -> dict[str, str]:
+    """student → the gradebook's ``similarity`` cell: each flagged pair they are in."""
+    cells: dict[str, list[str]] = {}
+    for p in check.flagged():
+        for me, other in ((p.a, p.b), (p.b, p.a)):
+            if me == p.b and p.reference:
+                continue
+            tag = " (reference)" if p.reference and other == p.b else ""
+            cells.setdefault(me, []).append(f"{p.lab[:2]}: {_score(p.score)} with {other}{tag}, {p.lines} lines")
+    out = {}
+    for student, items in cells.items():
+        shown = items[:5] + ([f"+{len(items) - 5} more"] if len(items) > 5 else [])
+        out[student] = "look at: " + "; ".join(shown)
+    return out
+
+
+def _marked(text: str, ranges: list[tuple[int, int]]) -> str:
+    import html
+
+    out, at = [], 0
+    for s, e in sorted(ranges):
+        s = max(s, at)
+        if e <= s:
+            continue
+        out.append(html.escape(text[at:s]))
+        out.append(f"<mark>{html.escape(text[s:e])}</mark>")
+        at = e
+    out.append(html.escape(text[at:]))
+    return "".join(out)
+
+
+def page(check: Check) -> str:
+    """similarity.html: the ranked flagged pairs, each side by side with the shared
+    passages highlighted. Self-contained, no scripts; every piece of student text escaped."""
+    import html
+
+    e = html.escape
+    toc, sections = [], []
+    for lab in check.labs:
+        flagged = [p for p in check.pairs.get(lab, []) if p.flagged]
+        toc.append(f"<li>{e(lab)}: {len(flagged)} pair(s) to look at (threshold {check.thresholds[lab]:g}, "
+                   f"≥ {MIN_LINES} lines of their own code in common)</li>")
+        for n, p in enumerate(flagged[:PAGE_PAIRS]):
+            anchor = f"{lab[:2]}-{n}"
+            b = p.b + (" (reference)" if p.reference else "")
+            sections.append(
+                f'<section id="{e(anchor)}"><h2>{e(lab)} · {e(p.a)} and {e(b)}</h2>'
+                f"<p>score {_score(p.score)} ({_score(p.score_a)} of {e(p.a)}'s own code is shared, "
+                f"{_score(p.score_b)} of {e(p.b)}'s) · {p.lines} lines of their own code in common</p>"
+                f'<div class="pair"><div><h3>{e(p.a)}</h3><pre>{_marked(check.text(p, "a"), p.slices_a)}</pre></div>'
+                f'<div><h3>{e(b)}</h3><pre>{_marked(check.text(p, "b"), p.slices_b)}</pre></div></div></section>')
+        if len(flagged) > PAGE_PAIRS:
+            sections.append(f"<p>{e(lab)}: {len(flagged) - PAGE_PAIRS} more flagged pair(s), listed in stats.json.</p>")
+    left = "".join(f"<li>{e(x)}</li>" for x in check.problems)
+    mark = "#%02x%02x%02x" % MARK_RGB
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Similarity check</title>
+<style>body{{font-family:system-ui,sans-serif;margin:2em}}.note{{background:#eef2ff;padding:.6em 1em;max-width:60em}}
+.pair{{display:grid;grid-template-columns:1fr 1fr;gap:1em}}.pair>div{{min-width:0}}
+pre{{font-size:12px;background:#fafafa;border:1px solid #ddd;padding:.5em;overflow-x:auto;white-space:pre}}
+mark{{background:{mark}}}section{{margin-bottom:2.5em}}</style></head>
+<body><h1>Similarity check</h1>
+<p class="note">{e(WORDING)} Only each student's own code is compared: the lab's starter code and
+the reference solution are subtracted first. Highlighted: the passages the two share.</p>
+<ul>{''.join(toc)}</ul>{f'<h2>Left out</h2><ul>{left}</ul>' if left else ''}
+{''.join(sections)}
+</body></html>
+"""
+
+
+def _add_gradebook_column(path: Path, cells: dict[str, str]) -> None:
+    import csv
+    import io as _io
+
+    from grader.grade import write_atomic
+
+    rows = list(csv.reader(_io.StringIO(path.read_text(encoding="utf-8"))))
+    if not rows:
+        return
+    head = rows[0]
+    col = head.index("similarity") if "similarity" in head else None
+    if col is None:
+        head.append("similarity")
+        col = len(head) - 1
+    for row in rows[1:]:
+        row += [""] * (len(head) - len(row))
+        row[col] = cells.get(row[0], "") if row else ""
+    buf = _io.StringIO()
+    csv.writer(buf).writerows(rows)
+    write_atomic(path, buf.getvalue())
+
+
+LINK_MARK = "<!-- similarity -->"
+
+
+def _link_report(path: Path) -> None:
+    from grader.grade import write_atomic
+
+    text = path.read_text(encoding="utf-8")
+    if LINK_MARK in text:
+        return
+    link = (f'{LINK_MARK}<p><a href="similarity.html">Similarity check</a>: pairs of students whose own code '
+            "is alike, side by side. Evidence to look at, not a verdict; it changes no score.</p>")
+    at = text.find("</h1>")
+    at = at + len("</h1>") if at >= 0 else text.find("<body>") + len("<body>")
+    write_atomic(path, text[:at] + link + text[at:])
+
+
+def write_outputs(check: Check, out_dir: Path) -> list[Path]:
+    """similarity.html; the ``similarity`` key of stats.json; where the folder holds a
+    grading, the gradebook's ``similarity`` column and a link from report.html."""
+    from grader.grade import write_atomic
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = [out_dir / "similarity.html", out_dir / "stats.json"]
+    write_atomic(written[0], page(check))
+    data = {}
+    if written[1].is_file():
+        try:
+            data = json.loads(written[1].read_text(encoding="utf-8"))
+        except ValueError:
+            data = {}
+    data["similarity"] = stats(check)
+    write_atomic(written[1], json.dumps(data, indent=1))
+    if (out_dir / "gradebook.csv").is_file():
+        _add_gradebook_column(out_dir / "gradebook.csv", student_flags(check))
+        written.append(out_dir / "gradebook.csv")
+    if (out_dir / "report.html").is_file():
+        _link_report(out_dir / "report.html")
+        written.append(out_dir / "report.html")
+    return written
+
+
+def command(paths: list, out_dir, labs: list[str] | None = None, threshold: str | None = None,
+            reference=None, prog: str = "grader similarity") -> int:
+    """The check as the command line runs it (``grader similarity``, ``grader grade
+    --similarity``): the table on stdout, the outputs in ``out_dir``, a bad input as one line."""
+    import sys
+
+    try:
+        check = run([Path(p) for p in paths], labs, threshold=parse_threshold(threshold),
+                    reference=Path(reference) if reference else None)
+    except SimilarityError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    if not check.students:
+        print(f"{prog}: no submissions found", file=sys.stderr)
+        return 2
+    print(table(check), end="")
+    written = write_outputs(check, Path(out_dir))
+    print(f"\nwrote {', '.join(str(p) for p in written)}")
+    return 0
