@@ -98,3 +98,20 @@ def disguise(text: str, seed: int = 0, *, shuffle: bool = True) -> str:
     text = reformat(text, rng)
     ast.parse(text)
     return text
+
+
+_BLOCK = re.compile(r"^(?P<indent>[ \t]*)# YOUR CODE HERE\n[ \t]*raise NotImplementedError\(.*\)\n", re.M)
+
+
+def fill(stub: str, bodies: list[str | None]) -> str:
+    """The stub with its YOUR CODE HERE blocks, in order, replaced by ``bodies`` (written
+    without indentation; None leaves that block as it is)."""
+    it = iter(bodies)
+
+    def one(m):
+        body = next(it, None)
+        if body is None:
+            return m.group()
+        return "".join(m["indent"] + ln + "\n" if ln.strip() else "\n" for ln in body.strip("\n").splitlines())
+
+    return _BLOCK.sub(one, stub)
