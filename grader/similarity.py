@@ -1,18 +1,19 @@
 """``grader similarity``: which pairs of students share unusually much of their own code.
 
 Per lab, each student's lab files (read exactly as ``grader grade`` reads them) are one
-document. copydetect (the winnowing algorithm MOSS uses; Pygments tokenizes, so names,
-comments, spacing and blank lines do not count) fingerprints every document, and every
+document. The document is tokenized the way copydetect's filter does it (names become V,
+strings S; comments, spacing and blank lines vanish), so renaming and reformatting do not
+hide a copy; copydetect (the winnowing algorithm MOSS uses) fingerprints it, and every
 fingerprint that also occurs in the lab's starter code — the stub, the given code around
-each ``# YOUR CODE HERE``, and the reference solution — is dropped as boilerplate: only
+each ``# YOUR CODE HERE`` — or in the reference solution is dropped as boilerplate: only
 what each student wrote is compared. Two untouched stubs share nothing and score 0.
 
-A pair's score is the larger of the two fractions of a student's own code that the other
-shares. A pair is flagged when its score reaches the lab's threshold (grader/similarity.toml:
-in a lab whose code the specification nearly dictates, independent solutions score high)
-and the shared passages span at least ``MIN_LINES`` lines: a few identical one-liners are
-not a pattern. A flag is evidence for a person to look at, never a verdict; it changes no
-score.
+A pair's score is copydetect's: the larger of the two fractions of a student's own code
+that the other shares. A pair is flagged when its score reaches the lab's threshold
+(grader/similarity.toml) and the shared passages span at least ``MIN_LINES`` lines of
+their own code: a few identical one-liners are not a pattern. A flag is evidence for a
+person to look at, never a verdict; it changes no score. docs/similarity.md has the
+measurements behind the numbers.
 """
 
 from __future__ import annotations
@@ -289,6 +290,19 @@ def tokenized(text: str):
     return "".join(out), first, last
 
 
+class _Codes:
+    """What copydetect reads (its ``fp``): the tokenized text as a tuple of character codes.
+    copydetect hashes each k-gram with ``hash()``, which Python seeds afresh in every process
+    for strings but not for tuples of ints: so the fingerprints, the scores and the flags are
+    the same in every run."""
+
+    def __init__(self, text: str):
+        self.codes = tuple(map(ord, text))
+
+    def read(self):
+        return self.codes
+
+
 def fingerprint(doc: Document, boilerplate, given_lines: set[str], k: int = NOISE, window: int = GUARANTEE - NOISE + 1) -> None:
     """copydetect's fingerprint of the document (winnowed k-gram hashes of the tokenized
     text, boilerplate dropped), kept as arrays, in the order of their positions."""
@@ -296,7 +310,7 @@ def fingerprint(doc: Document, boilerplate, given_lines: set[str], k: int = NOIS
 
     CodeFingerprint, _ = _copydetect()
     filtered, doc.first, doc.last = tokenized(doc.text)
-    fp = CodeFingerprint(f"{doc.student}.py", k, window, boilerplate, filter=False, fp=io.StringIO(filtered))
+    fp = CodeFingerprint(f"{doc.student}.py", k, window, boilerplate, filter=False, fp=_Codes(filtered))
     doc.fingerprint = fp
     hashes = np.array([h for h, idx in fp.hash_idx.items() for _ in idx], dtype=np.int64)
     positions = np.array([i for idx in fp.hash_idx.values() for i in idx], dtype=np.int64)
@@ -346,7 +360,7 @@ def boilerplate_hashes(lab: str, k: int = NOISE):
     CodeFingerprint, _ = _copydetect()
     hashes: set[int] = set()
     for text in boilerplate_texts(lab):
-        hashes |= CodeFingerprint(f"{lab}.py", k, 1, filter=False, fp=io.StringIO(tokenized(text)[0])).hashes
+        hashes |= CodeFingerprint(f"{lab}.py", k, 1, filter=False, fp=_Codes(tokenized(text)[0])).hashes
     return np.array(sorted(hashes), dtype=np.int64)
 
 
@@ -559,11 +573,10 @@ the reference solution are subtracted first. Highlighted: the passages the two s
 
 def _add_gradebook_column(path: Path, cells: dict[str, str]) -> None:
     import csv
-    import io as _io
 
     from grader.grade import write_atomic
 
-    rows = list(csv.reader(_io.StringIO(path.read_text(encoding="utf-8"))))
+    rows = list(csv.reader(io.StringIO(path.read_text(encoding="utf-8"))))
     if not rows:
         return
     head = rows[0]
@@ -574,7 +587,7 @@ def _add_gradebook_column(path: Path, cells: dict[str, str]) -> None:
     for row in rows[1:]:
         row += [""] * (len(head) - len(row))
         row[col] = cells.get(row[0], "") if row else ""
-    buf = _io.StringIO()
+    buf = io.StringIO()
     csv.writer(buf).writerows(rows)
     write_atomic(path, buf.getvalue())
 
