@@ -107,6 +107,12 @@ def cmd_grade(args) -> int:
     from grader.sandbox.runner import Limits
     from grader.submission import SubmissionError, discover
 
+    if args.similarity:
+        from grader.similarity import missing
+
+        if missing():
+            print(f"grader grade --similarity: {missing()}", file=sys.stderr)
+            return 2
     limits = Limits(wall_seconds=args.timeout, lab_seconds=min(args.lab_timeout, args.timeout),
                     test_seconds=args.test_timeout, memory_mb=args.memory)
     try:

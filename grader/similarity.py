@@ -54,6 +54,14 @@ def _copydetect():
     return CodeFingerprint, compare_files
 
 
+def missing() -> str:
+    """Why the check cannot run here ("" when it can), before any work is done."""
+    import importlib.util
+
+    return "" if importlib.util.find_spec("copydetect") else (
+        "the similarity check needs copydetect, in the kit's `similarity` extra: `uv sync --extra similarity`")
+
+
 def thresholds(labs: list[str], override: dict[str, float] | float | None = None) -> dict[str, float]:
     """lab → the score at which a pair is flagged: similarity.toml's default, its per-lab
     entries, then ``override`` (one number for every lab, or lab number/name → number)."""

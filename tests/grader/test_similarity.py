@@ -6,8 +6,10 @@ read. The report page is rendered in headless Chromium."""
 import importlib.util
 import io
 import json
+import os
 import shutil
 import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -280,3 +282,17 @@ def test_the_page_renders_side_by_side_in_headless_chromium(check, tmp_path):
     left, right = int(marked[:, :half].sum()), int(marked[:, half:].sum())
     assert left > 500 and right > 500, (f"highlighted pixels: {left} on the left, {right} on the right: the pair "
                                         "is not shown side by side with its shared passages marked")
+
+
+def test_the_same_class_gives_the_same_scores_in_every_process(klass):
+    """copydetect hashes with hash(): the check feeds it what hash() does not seed per process."""
+    code = ("import json, sys; from grader import similarity; c = similarity.run([sys.argv[1]], ['01', '02']); "
+            "print(json.dumps([p.summary() for lab in c.labs for p in c.pairs[lab]]))")
+    runs = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-c", code, str(klass)], capture_output=True, text=True, env=env,
+                             timeout=300, cwd=KIT_ROOT)
+        assert out.returncode == 0, out.stderr[-2000:]
+        runs.append(json.loads(out.stdout))
+    assert runs[0] == runs[1] and runs[0], "the scores differ between two processes"
