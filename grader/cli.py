@@ -212,8 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("similarity", help="rank pairs of students by how much of their own code they share "
                        "(starter code subtracted): evidence to look at, never a verdict")
     s.add_argument("paths", nargs="+", help="submissions as for `grade`, or the output folder of a grading")
-    s.add_argument("-o", "--out", default="grading",
-                   help="output folder (default: ./grading, where `grade` writes: its gradebook gets a column)")
+    s.add_argument("-o", "--out", help="output folder (default: the grading folder given as PATH, else ./grading, "
+                   "where `grade` writes; a gradebook there gets a `similarity` column)")
     _labs_option(s, "to compare")
     s.add_argument("--threshold", help="flag pairs scoring at least this: 0.6 for every lab, or 0.6,05=0.9 "
                    "(default: grader/similarity.toml, per lab)")

@@ -658,6 +658,9 @@ def command(paths: list, out_dir, labs: list[str] | None = None, threshold: str 
         print(f"{prog}: no submissions found", file=sys.stderr)
         return 2
     print(table(check), end="")
+    if out_dir is None:  # a grading's own folder, or where `grader grade` writes by default
+        graded = [Path(p) for p in paths if Path(p).is_dir() and graded_sources(Path(p)) is not None]
+        out_dir = graded[0] if len(paths) == 1 and graded else Path("grading")
     written = write_outputs(check, Path(out_dir))
     print(f"\nwrote {', '.join(str(p) for p in written)}")
     return 0
