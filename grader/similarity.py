@@ -44,22 +44,25 @@ class SimilarityError(ValueError):
     """The check cannot run at all (one line, shown to the instructor)."""
 
 
+NO_COPYDETECT = ("the similarity check needs copydetect, in the kit's `similarity` extra: "
+                 "`uv sync --extra similarity` (with `--extra torch` too if you use it)")
+
+
 def _copydetect():
+    """copydetect's CodeFingerprint (winnowed fingerprints of one document)."""
     os.environ.setdefault("MPLBACKEND", "Agg")  # copydetect imports pyplot; no display here
     try:
-        from copydetect import CodeFingerprint, compare_files
+        from copydetect import CodeFingerprint
     except ImportError:
-        raise SimilarityError("the similarity check needs copydetect, in the kit's `similarity` extra: "
-                              "`uv sync --extra similarity` (add `--extra torch` if you use it too)") from None
-    return CodeFingerprint, compare_files
+        raise SimilarityError(NO_COPYDETECT) from None
+    return CodeFingerprint
 
 
 def missing() -> str:
     """Why the check cannot run here ("" when it can), before any work is done."""
     import importlib.util
 
-    return "" if importlib.util.find_spec("copydetect") else (
-        "the similarity check needs copydetect, in the kit's `similarity` extra: `uv sync --extra similarity`")
+    return "" if importlib.util.find_spec("copydetect") else NO_COPYDETECT
 
 
 def thresholds(labs: list[str], override: dict[str, float] | float | None = None) -> dict[str, float]:
@@ -316,7 +319,7 @@ def fingerprint(doc: Document, boilerplate, given_lines: set[str], k: int = NOIS
     text, boilerplate dropped), kept as arrays, in the order of their positions."""
     import numpy as np
 
-    CodeFingerprint, _ = _copydetect()
+    CodeFingerprint = _copydetect()
     filtered, doc.first, doc.last = tokenized(doc.text)
     fp = CodeFingerprint(f"{doc.student}.py", k, window, boilerplate, filter=False, fp=_Codes(filtered))
     doc.fingerprint = fp
@@ -365,7 +368,7 @@ def boilerplate_hashes(lab: str, k: int = NOISE):
     """Every k-gram of the lab's starter code and reference solution, tokenized."""
     import numpy as np
 
-    CodeFingerprint, _ = _copydetect()
+    CodeFingerprint = _copydetect()
     hashes: set[int] = set()
     for text in boilerplate_texts(lab):
         hashes |= CodeFingerprint(f"{lab}.py", k, 1, filter=False, fp=_Codes(tokenized(text)[0])).hashes

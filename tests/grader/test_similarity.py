@@ -246,10 +246,14 @@ def test_the_command_writes_beside_a_grading(klass, tmp_path, capsys):
     assert again.students == ["alice", "copycat"] and _pair(again, L01, "alice", "copycat").flagged
 
 
-def test_no_copydetect_or_no_submissions_is_one_line(tmp_path, capsys):
+def test_no_copydetect_or_no_submissions_is_one_line(tmp_path, capsys, monkeypatch):
     assert grader_main(["similarity", str(tmp_path / "absent"), "-o", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("grader similarity: ") and "no such file" in err and "Traceback" not in err
+    monkeypatch.setattr(similarity, "missing", lambda: similarity.NO_COPYDETECT)
+    assert grader_main(["grade", str(ALICE), "-o", str(tmp_path / "g"), "--similarity"]) == 2
+    err = capsys.readouterr().err
+    assert "uv sync --extra similarity" in err and not (tmp_path / "g").exists(), "said before grading anything"
 
 
 def test_student_text_is_escaped_on_the_page(klass, tmp_path):
