@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gptkit.testing.layout import KIT_ROOT, lab_dirs
-from grader.submission import SubmissionError, discover, expected_files, read_submission
+from grader.submission import SubmissionError, discover, expected_files, read_submission, unique_ids
 
 NOISE = 25  # copydetect's k: the shortest match that counts, in tokenized characters
 GUARANTEE = 30  # every match at least this long is found (window = GUARANTEE - NOISE + 1)
@@ -134,12 +134,6 @@ class Document:
     line_starts: object = None
     own_before: object = None  # own lines (not blank, not a line of the starter code) before each line
 
-    @property
-    def own_size(self) -> int:
-        """How much of the document is the student's own (tokenized characters covered by
-        fingerprints that are not boilerplate)."""
-        return int(self.fingerprint.token_coverage) if self.fingerprint is not None else 0
-
 
 @dataclass
 class Pair:
@@ -203,12 +197,7 @@ def gather(paths: list[Path]) -> list[tuple[str, Path]]:
     for path in paths:
         graded = graded_sources(path) if Path(path).is_dir() else None
         entries += graded if graded is not None else discover([Path(path)])
-    seen: dict[str, int] = {}
-    unique = []
-    for student, p in entries:  # as grade's run_batch: a repeated id gets a ~2 suffix
-        seen[student] = seen.get(student, 0) + 1
-        unique.append((student if seen[student] == 1 else f"{student}~{seen[student]}", p))
-    return unique
+    return unique_ids(entries)
 
 
 def _documents(entries, labs, wanted, problems, reference=False) -> dict[str, dict[str, Document]]:
@@ -220,7 +209,8 @@ def _documents(entries, labs, wanted, problems, reference=False) -> dict[str, di
             problems.append(f"{'reference ' if reference else ''}{student}: left out: {exc}")
             continue
         except OSError as exc:
-            problems.append(f"{'reference ' if reference else ''}{student}: left out: cannot read {path} ({exc.strerror})")
+            who = f"{'reference ' if reference else ''}{student}"
+            problems.append(f"{who}: left out: cannot read {path} ({exc.strerror})")
             continue
         for lab in labs:
             if sub.files.get(lab):
@@ -314,7 +304,8 @@ class _Codes:
         return self.codes
 
 
-def fingerprint(doc: Document, boilerplate, given_lines: set[str], k: int = NOISE, window: int = GUARANTEE - NOISE + 1) -> None:
+def fingerprint(doc: Document, boilerplate, given_lines: set[str], k: int = NOISE,
+                window: int = GUARANTEE - NOISE + 1) -> None:
     """copydetect's fingerprint of the document (winnowed k-gram hashes of the tokenized
     text, boilerplate dropped), kept as arrays, in the order of their positions."""
     import numpy as np
@@ -472,7 +463,8 @@ def table(check: Check) -> str:
         out.append(f"  {'score':>5}  {'lines':>5}  {'student':<{w}}  {'student':<{w}}  ")
         for p in pairs[:TABLE_ROWS]:
             b = p.b + (" (reference)" if p.reference else "")
-            out.append(f"  {_score(p.score):>5}  {p.lines:>5}  {p.a:<{w}}  {b:<{w}}  {'look at this pair' if p.flagged else ''}")
+            note = "look at this pair" if p.flagged else ""
+            out.append(f"  {_score(p.score):>5}  {p.lines:>5}  {p.a:<{w}}  {b:<{w}}  {note}")
         if len(pairs) > TABLE_ROWS:
             out.append(f"  … {len(pairs) - TABLE_ROWS} more pair(s) in stats.json")
         out.append("")

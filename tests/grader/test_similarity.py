@@ -208,6 +208,12 @@ def test_scores_are_copydetects(check):
             assert (p.score_a, p.score_b) == pytest.approx((sa, sb), abs=1e-9), p.summary()
 
 
+def test_one_id_twice_is_kept_twice_as_grade_keeps_it(tmp_path):
+    shutil.copytree(BEN, tmp_path / "ben")
+    shutil.make_archive(str(tmp_path / "ben"), "zip", BEN)
+    assert [s for s, _ in similarity.gather([tmp_path])] == ["ben", "ben~2"]
+
+
 def test_thresholds_per_lab_and_from_the_command_line():
     labs = ["01_causal_mask", "05_gpt2_weights"]
     defaults = similarity.thresholds(labs)
