@@ -438,6 +438,7 @@ def run(paths: list[Path], labs: list[str] | None = None, *, threshold=None, ref
 # -- outputs -------------------------------------------------------------------------------
 TABLE_ROWS = 10  # pairs printed per lab (all flagged pairs are in stats.json and the page)
 PAGE_PAIRS = 50  # flagged pairs shown side by side per lab
+STATS_PAIRS = 500  # stats.json lists the flagged pairs among the first 500 by score, per lab
 MARK_RGB = (0xFD, 0xE6, 0x8A)  # the highlight of a shared passage on the page
 
 
@@ -466,7 +467,7 @@ def table(check: Check) -> str:
             note = "look at this pair" if p.flagged else ""
             out.append(f"  {_score(p.score):>5}  {p.lines:>5}  {p.a:<{w}}  {b:<{w}}  {note}")
         if len(pairs) > TABLE_ROWS:
-            out.append(f"  … {len(pairs) - TABLE_ROWS} more pair(s) in stats.json")
+            out.append(f"  … {len(pairs) - TABLE_ROWS} more pair(s): the flagged ones in stats.json and similarity.html")
         out.append("")
     absent = [lab for lab in check.labs if not check.docs.get(lab)]
     if absent:
@@ -497,8 +498,7 @@ def stats(check: Check) -> dict:
             "max": round(float(all_scores.max()), 3) if all_scores.size else 0.0,
             "median": round(float(np.median(all_scores)), 3) if all_scores.size else 0.0,
             "p95": round(float(np.percentile(all_scores, 95)), 3) if all_scores.size else 0.0,
-            "pairs_ranked": [p.summary() for p in pairs if p.flagged] + [p.summary() for p in pairs[:TABLE_ROWS]
-                                                                          if not p.flagged],
+            "pairs_ranked": [p.summary() for i, p in enumerate(pairs[:STATS_PAIRS]) if p.flagged or i < TABLE_ROWS],
         }
     return {"note": WORDING, "k": NOISE, "window": GUARANTEE - NOISE + 1, "min_lines": MIN_LINES,
             "students": len(check.students), "left_out": check.problems, "labs": labs}
