@@ -208,6 +208,18 @@ def test_scores_are_copydetects(check):
             assert (p.score_a, p.score_b) == pytest.approx((sa, sb), abs=1e-9), p.summary()
 
 
+def test_earlier_years_are_compared_with_the_class_not_among_themselves(klass, tmp_path):
+    last_year = tmp_path / "last_year"
+    for name in ("alice", "alice_again"):
+        shutil.copytree(ALICE, last_year / name)
+    check = similarity.run([klass / "copycat.zip", klass / "ben"], ["01"], reference=last_year)
+    pairs = {(p.a, p.b): p for p in check.pairs[L01]}
+    assert ("alice", "alice_again") not in pairs and ("alice_again", "alice") not in pairs
+    assert pairs[("copycat", "alice")].flagged and pairs[("copycat", "alice")].reference
+    assert "(reference)" in similarity.student_flags(check)["copycat"]
+    assert "alice" not in similarity.student_flags(check), "last year's students are not in this gradebook"
+
+
 def test_one_id_twice_is_kept_twice_as_grade_keeps_it(tmp_path):
     shutil.copytree(BEN, tmp_path / "ben")
     shutil.make_archive(str(tmp_path / "ben"), "zip", BEN)
