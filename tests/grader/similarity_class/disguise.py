@@ -1,7 +1,10 @@
-"""Disguise a copy the way a student hiding it would: rename the local variables, rewrite
-the comments, shuffle the top-level functions and classes, and change the spacing and
-blank lines. The result is still Python (it parses); the public names the tests bind to
-are kept. Used by tests/grader/test_similarity.py and benchmarks/bench_similarity.py."""
+"""Making submissions for the similarity check's tests and benchmark.
+
+``disguise``: a copy disguised the way a student hiding it would: the local variables
+renamed, the comments rewritten, the top-level functions and classes shuffled, the spacing
+and blank lines changed. The result still parses; the public names the tests bind to are
+kept. ``fill``: a stub with its YOUR CODE HERE blocks filled in. Used by
+tests/grader/test_similarity.py and benchmarks/bench_similarity.py."""
 
 from __future__ import annotations
 
