@@ -107,6 +107,12 @@ def cmd_grade(args) -> int:
     from grader.sandbox.runner import Limits
     from grader.submission import SubmissionError, discover
 
+    if args.similarity:
+        from grader.similarity import missing
+
+        if missing():
+            print(f"grader grade --similarity: {missing()}", file=sys.stderr)
+            return 2
     limits = Limits(wall_seconds=args.timeout, lab_seconds=min(args.lab_timeout, args.timeout),
                     test_seconds=args.test_timeout, memory_mb=args.memory)
     try:
@@ -133,7 +139,18 @@ def cmd_grade(args) -> int:
         print(f"not graded: {r.student}: {r.error}")
     print(f"\nwrote {grader.out_dir / 'gradebook.csv'}, {grader.out_dir / 'report.html'} and "
           f"students/<id>/{{result.json,feedback.md,results.json}}")
+    if args.similarity:
+        from grader.similarity import command
+
+        print()
+        return command(args.paths, grader.out_dir, grader.labs, prog="grader grade --similarity")
     return 0
+
+
+def cmd_similarity(args) -> int:
+    from grader.similarity import command
+
+    return command(args.paths, args.out, _labs(args.labs), args.threshold, args.reference)
 
 
 def cmd_release(args) -> int:
@@ -207,7 +224,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--lab-timeout", type=float, default=120, help="wall-clock seconds per lab (default 120)")
     s.add_argument("--test-timeout", type=float, default=10, help="CPU seconds of lab code per test, as the kernel counts them: the same verdict on an idle or a busy machine (default 10)")
     s.add_argument("--memory", type=int, default=2048, help="address-space limit in MB (default 2048)")
+    s.add_argument("--similarity", action="store_true",
+                   help="then run `grader similarity` on the same submissions into the same folder")
     s.set_defaults(func=cmd_grade)
+
+    s = sub.add_parser("similarity", help="rank pairs of students by how much of their own code they share "
+                       "(starter code subtracted): evidence to look at, never a verdict")
+    s.add_argument("paths", nargs="+", help="submissions as for `grade`, or the output folder of a grading")
+    s.add_argument("-o", "--out", help="output folder (default: the grading folder given as PATH, else ./grading, "
+                   "where `grade` writes; a gradebook there gets a `similarity` column)")
+    _labs_option(s, "to compare")
+    s.add_argument("--threshold", help="flag pairs scoring at least this: 0.6 for every lab, or 0.6,05=0.9 "
+                   "(default: grader/similarity.toml, per lab)")
+    s.add_argument("--reference", metavar="DIR",
+                   help="earlier years' submissions: compared with this class, not among themselves")
+    s.set_defaults(func=cmd_similarity)
 
     s = sub.add_parser("release", help="write the student copy (stubs, public tests, docs) to OUT")
     s.add_argument("out", help="output folder (must be empty or absent)")

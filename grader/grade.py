@@ -35,7 +35,7 @@ from gptkit.testing.layout import KIT_ROOT, lab_dirs, lab_of
 from grader import policy
 from grader.rubric import LabRubric, load_rubric
 from grader.sandbox import protocol, runner
-from grader.submission import Submission, SubmissionError, discover, expected_files, read_submission
+from grader.submission import Submission, SubmissionError, discover, expected_files, read_submission, unique_ids
 
 HIDDEN_DIR = "tests/hidden"
 RESULT_FILE = "result.json"
@@ -553,12 +553,7 @@ class Grader:
         from grader import outputs
 
         (self.out_dir / ".scratch").mkdir(parents=True, exist_ok=True)
-        entries = discover(paths)
-        seen: dict[str, int] = {}
-        unique = []
-        for student, p in entries:  # two entries with one id (x/ and x.zip): keep both, renamed
-            seen[student] = seen.get(student, 0) + 1
-            unique.append((student if seen[student] == 1 else f"{student}~{seen[student]}", p))
+        unique = unique_ids(discover(paths))
         self.prepare()
         results: dict[str, StudentResult] = {}
         todo = []

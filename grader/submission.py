@@ -68,6 +68,16 @@ def discover(paths: list[Path]) -> list[tuple[str, Path]]:
     return found
 
 
+def unique_ids(entries: list[tuple[str, Path]]) -> list[tuple[str, Path]]:
+    """Two entries with one id (x/ and x.zip): both kept, the second as ``x~2``."""
+    seen: dict[str, int] = {}
+    unique = []
+    for student, p in entries:
+        seen[student] = seen.get(student, 0) + 1
+        unique.append((student if seen[student] == 1 else f"{student}~{seen[student]}", p))
+    return unique
+
+
 def _student_id(path: Path) -> str:
     name = path.name[:-4] if path.name.lower().endswith(".zip") else path.name
     return "".join(c if c.isalnum() or c in "-_.@" else "_" for c in name) or "student"

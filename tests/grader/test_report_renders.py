@@ -81,22 +81,27 @@ def _png_pixels(data: bytes) -> np.ndarray:
     return out.reshape(height, width, channels)[..., :3]
 
 
-def test_report_renders_in_headless_chromium(tmp_path):
+def render(page, tmp_path, window="1000,700"):
+    """(the DOM Chromium builds from ``page``, the screenshot's RGB pixels)."""
     browser = _chromium()
-    results = [_student("alice", 4), _student("bob", 2), _student("carol", 1)]
-    page = tmp_path / "report.html"
-    page.write_text(report_html(LABS, results, class_stats(LABS, results)), encoding="utf-8")
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
              "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
-             f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1000,700"]
+             f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={window}"]
     dom = subprocess.run([browser, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
-    assert "<svg" in dom.stdout and "alice" in dom.stdout and "mean score per lab" in dom.stdout, dom.stdout[:2000]
-    shot = tmp_path / "report.png"
+    shot = page.with_suffix(".png")
     run = subprocess.run([browser, *flags, f"--screenshot={shot}", page.as_uri()], capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 0 and shot.is_file(), run.stderr[-2000:]
-    pixels = _png_pixels(shot.read_bytes())
+    return dom.stdout, _png_pixels(shot.read_bytes())
+
+
+def test_report_renders_in_headless_chromium(tmp_path):
+    results = [_student("alice", 4), _student("bob", 2), _student("carol", 1)]
+    page = tmp_path / "report.html"
+    page.write_text(report_html(LABS, results, class_stats(LABS, results)), encoding="utf-8")
+    dom, pixels = render(page, tmp_path)
+    assert "<svg" in dom and "alice" in dom and "mean score per lab" in dom, dom[:2000]
     bar = np.all(np.abs(pixels - np.array(BAR_RGB)) <= 2, axis=-1)
     assert bar.sum() > 2000, f"the screenshot shows {int(bar.sum())} pixels of the chart's bar colour: the chart did not render"
     columns = np.flatnonzero(bar.any(axis=0))
