@@ -171,7 +171,8 @@ def _guard(read_roots, write_roots, report, walled=False):
     denied_modules = {"torch", "transformers", "safetensors", "ctypes", "_ctypes", "socket", "_socket",
                       "multiprocessing", "pty", "resource"}
     if not walled:
-        denied_modules |= {"subprocess", "_posixsubprocess", "gc"}
+        # gc stays importable (an honest gc.collect()): its object walks are refused below.
+        denied_modules |= {"subprocess", "_posixsubprocess"}
     denied_events = ("os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
                      "os.forkpty", "socket.", "ctypes.", "os.kill", "os.killpg", "os.chown", "sys.addaudithook",
                      "os.setuid", "os.setgid", "sys._current_frames", "gc.get_objects", "gc.get_referrers", "gc.get_referents")

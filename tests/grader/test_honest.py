@@ -89,3 +89,25 @@ def test_a_lab_that_imports_its_own_helper_from_an_earlier_lab_runs_on_the_stude
     assert {k: v.points for k, v in r.labs.items()} == full_marks
     notes = [f for f in r.flags if OWN_CHAIN_NOTE.search(f)]
     assert len(notes) == 1 and notes[0].startswith("02_embeddings") and "as_int_array from causal_mask" in notes[0], r.flags
+
+
+def test_without_the_kernel_walls_an_honest_gc_collect_still_runs():
+    """Where the kernel lacks seccomp or Landlock, the audit hook stands alone: it still
+    refuses gc's walks over the lab process's objects, but `import gc; gc.collect()` is
+    honest code and runs."""
+    import subprocess
+    import sys
+
+    code = ("import sys, tempfile\n"
+            "from grader.sandbox.labserver import _guard\n"
+            "root = tempfile.mkdtemp()\n"
+            "_guard([sys.prefix, sys.base_prefix, root] + sys.path, [root], lambda what: None, walled=False)\n"
+            "sys.modules.pop('gc', None)  # imported for real, as in a fresh interpreter\n"
+            "import gc\n"
+            "gc.collect()\n"
+            "try:\n"
+            "    gc.get_objects()\n"
+            "except PermissionError:\n"
+            "    print('walk refused')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "walk refused", out.stdout + out.stderr
