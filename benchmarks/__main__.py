@@ -1,6 +1,6 @@
 """Run every benchmark and write its report into docs/performance.md.
 
-    uv run --extra torch python -m benchmarks [--only NAME]... [--quick] [--list]
+    uv run --extra torch --extra similarity python -m benchmarks [--only NAME]... [--quick] [--list]
 
 A benchmark is a file ``benchmarks/bench_<name>.py``: a script that prints its report as
 markdown, the first line ``machine: …`` (``common.machine()``: the CPU, its cores, the
@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 DOC = ROOT / "docs" / "performance.md"
 README = ROOT / "README.md"
-COMMAND = "uv run --extra torch python -m benchmarks"
+COMMAND = "uv run --extra torch --extra similarity python -m benchmarks"
 
 # The arguments a benchmark runs with, where it needs some (the rest run with none: every
 # core's thread for NumPy's BLAS and for PyTorch, and their default sizes).
