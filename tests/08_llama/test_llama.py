@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from gptkit.state import state_diff
-from gptkit.testing import (assert_close, assert_float32, checkpoint_on_disk, explains_errors, fixture_params, lab,
-                            load_fixture, raises_clearly, stored_diagnoses)
+from gptkit.testing import (assert_close, assert_float32, checkpoint_on_disk, explains_errors, first_difference,
+                            fixture_params, lab, load_fixture, raises_clearly, stored_diagnoses)
 
 L = lab("llama")
 LAB = "08_llama"
@@ -37,6 +37,12 @@ def _set(layer, params, what):
                              + diff.describe(expected="expected", actual="yours", unexpected="unexpected"))
     layer.load_state_dict(params)
     return layer.eval()
+
+
+def _first_difference(model, case):
+    """For ``assert_close(locate=…)``: the first sub-layer of ``model`` whose output differs
+    from the reference's, each given the reference's inputs (fixture ``<case>_trace``)."""
+    return lambda: first_difference(model, load_fixture(LAB, f"{case}_trace"), atol=1e-4)
 
 
 def _gqa_model(rng_seed=0):
@@ -279,13 +285,13 @@ def test_load_llama_matches_huggingface_logits(tmp_path, case):
     logits = model(f["ids"])
     assert_float32(logits, "LlamaModel logits")
     assert_close(logits, f["logits"], what=f"logits vs LlamaForCausalLM ({ABOUT[case]})", atol=1e-4,
-                 diagnoses=stored_diagnoses(f, "logits"), hint=TRANSPOSE_HINT if case == "mha_tied" else ROPE_HINT)
+                 diagnoses=stored_diagnoses(f, "logits"), locate=_first_difference(model, case))
 
 
 def test_model_with_given_parameters_matches_huggingface():
     model, f = _gqa_model()
     assert_close(model(f["ids"]), f["logits"], what="LlamaModel with the checkpoint's parameters set by name",
-                 atol=1e-4, diagnoses=stored_diagnoses(f, "logits"),
+                 atol=1e-4, diagnoses=stored_diagnoses(f, "logits"), locate=_first_difference(model, "gqa_untied"),
                  hint="embed → blocks (RMSNorm, attention with RoPE, RMSNorm, SwiGLU, residuals) → norm → lm_head")
 
 
