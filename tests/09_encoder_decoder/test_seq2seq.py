@@ -33,6 +33,25 @@ def _model(case="model", **kw):
     return set_parameters(model, fixture_params(f), "EncoderDecoderModel"), f
 
 
+def _second_call(run, model, what, case="model"):
+    """``run(model)`` on a model that has already run once. When it raises, the hint follows
+    from what a new model with the same parameters does with the same input: when that
+    works, the first call left state behind; when it fails too, it is the shapes."""
+    __tracebackhide__ = True
+    try:
+        return run(model)
+    except (NotImplementedError, AssertionError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the student's code on valid input
+        with explains_errors(f"{what}, on a new model", SHAPE_HINT):
+            run(_model(case)[0])
+        raise AssertionError(
+            f"{what} raised {type(exc).__name__}: {exc}, yet a new model with the same parameters takes that "
+            "input: state kept from the earlier call is reused (keys and values, a mask or a buffer stored on a "
+            "layer). Each call must use its own inputs only; what decoding may keep belongs in DecoderCache"
+        ) from exc
+
+
 def _decoder_layer(case="decoder_layer", activation="gelu", norm_first=False, dropout=0.0):
     f = load_fixture(LAB, case)
     layer = M.DecoderLayer(D, H, F, dropout, activation=activation, norm_first=norm_first, rng=np.random.default_rng(1))
@@ -262,8 +281,9 @@ def test_more_source_padding_changes_nothing(extra):
     src = f["src"]
     logits = model(src, f["tgt"])
     longer = np.concatenate([src, np.full((src.shape[0], extra), PAD)], axis=1)
-    with explains_errors(f"EncoderDecoderModel on the source with {extra} more padding columns", SHAPE_HINT):
-        got = model(longer, f["tgt"])
+    got = _second_call(lambda m: m(longer, f["tgt"]), model,
+                       f"EncoderDecoderModel on the source with {extra} more padding columns, after a call on the "
+                       "source without them")
     assert_close(got, logits, what=f"logits with {extra} more source padding columns", atol=1e-4,
                  hint="extending the source padding changed the output: padded source positions must be "
                       "masked in the encoder and in the cross-attention")
