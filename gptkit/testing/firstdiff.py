@@ -101,7 +101,7 @@ def record_trace(model):
     yields the list of ``(path, args, kwargs, output)``, in the order calls finish (the
     first call of each sub-layer only)."""
     calls, seen, patched = [], set(), []
-    for path, layer in model.named_layers():
+    for path, layer in [("", model), *model.named_layers()]:  # "" is the model itself
         if "forward" in vars(layer):
             continue
 
@@ -163,17 +163,58 @@ def _resolve(model, path: str):
     return node
 
 
+def _calls(fixture: Mapping, prefix: str) -> list[dict]:
+    return json.loads(np.asarray(fixture[f"{prefix}.calls"]).tobytes())
+
+
+def _inputs(call: dict, fixture: Mapping) -> tuple[list, dict]:
+    return [_decode(a, fixture) for a in call["args"]], {k: _decode(v, fixture) for k, v in call["kwargs"].items()}
+
+
+def _first_input_difference(model, fixture: Mapping, prefix: str) -> str | None:
+    """Run the student's model (a kit ``Layer`` in this process) on the reference's input
+    and name the first sub-layer that it calls with other inputs than the reference does."""
+    from gptkit.layer import Layer
+
+    calls = _calls(fixture, prefix)
+    if not isinstance(model, Layer) or not calls or calls[-1]["path"]:
+        return None  # a graded submission's stand-in, or no record of the model's own call
+    args, kwargs = _inputs(calls[-1], fixture)
+    try:
+        with record_trace(model) as mine:
+            model(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - the comparison already failed; this only adds a pointer
+        return None
+    theirs = {path: (a, kw) for path, a, kw, _ in mine}
+    for call in calls[:-1]:
+        if call["path"] not in theirs:
+            continue
+        ref_args, ref_kwargs = _inputs(call, fixture)
+        got_args, got_kwargs = theirs[call["path"]]
+        for i, expected in enumerate(ref_args):
+            got = got_args[i] if i < len(got_args) else None
+            problem = _differs(got, expected, 1e-5, 1e-4) if not isinstance(expected, str) else None
+            if problem:
+                return f"`{call['path']}` is called with argument {i + 1} unlike the reference's ({_brief(problem)})"
+        for name, expected in ref_kwargs.items():
+            problem = _differs(got_kwargs.get(name), expected, 1e-5, 1e-4) if not isinstance(expected, str) else None
+            if problem:
+                return f"`{call['path']}` is called with {name}= unlike the reference's ({_brief(problem)})"
+    return None
+
+
 def _replay(model, fixture: Mapping, prefix: str):
-    for call in json.loads(np.asarray(fixture[f"{prefix}.calls"]).tobytes()):
+    for call in _calls(fixture, prefix):
         path = call["path"]
+        if not path:
+            continue  # the model itself: the test compares its output
         outs = [_decode(o, fixture) for o in call["out"]]
         expected = tuple(outs) if call["tuple"] else outs[0]
         try:
             layer = _resolve(model, path)
         except (AttributeError, IndexError, TypeError, KeyError):
             continue  # the student's model is laid out differently here: nothing to compare
-        args = [_decode(a, fixture) for a in call["args"]]
-        kwargs = {k: _decode(v, fixture) for k, v in call["kwargs"].items()}
+        args, kwargs = _inputs(call, fixture)
         try:
             actual, error = layer(*args, **kwargs), None
         except Exception as exc:  # noqa: BLE001 - the student's sub-layer crashed on the reference's input
@@ -201,7 +242,9 @@ def first_difference(model, fixture: Mapping, *, atol: float = 1e-4, rtol: float
             return f"{FIRST} `{path}` (given the reference's input, {_brief(problem)}){agree}"
     if not steps:
         return None
+    passed = _first_input_difference(model, fixture, prefix)
     return (f"{FIRST} the whole model: every sub-layer ({_short(steps, 3)} …) agrees when given the reference's "
-            "inputs, so the difference is in how the model joins them (what it passes to each: the positions, "
-            "the mask, the residual stream)")
+            "inputs, so the difference is in how the model joins them"
+            + (f": {passed}" if passed else " (what it passes to each: the positions, the mask, the residual "
+                                            "stream; what it does after the last one)"))
 

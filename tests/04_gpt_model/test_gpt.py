@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gptkit.testing import (assert_causal, assert_close, assert_rejects_bad_x, assert_float32, fixture_params, lab,
-                            load_fixture, raises_clearly, stored_diagnoses)
+from gptkit.testing import (assert_causal, assert_close, assert_rejects_bad_x, assert_float32, first_difference,
+                            fixture_params, lab, load_fixture, raises_clearly, stored_diagnoses)
 from gptkit.testing.parameters import set_parameters
 
 G = lab("gpt")
@@ -41,11 +41,11 @@ def _model(case="model", dropout=0.1):
     return set_parameters(model, p, f"GPTModel(vocab_size={V}, d_model={Dm}, num_layers={layers})"), f
 
 
-def _matches_reference(out, f, key, output_name, *, what, hint):
+def _matches_reference(out, f, key, output_name, *, what, hint, locate=None):
     """``out`` must match the fixture's ``f[key]`` (naming the catalogued mistake it matches,
-    if any) and be float32."""
+    if any, and with ``locate`` the first place that differs) and be float32."""
     __tracebackhide__ = True
-    assert_close(out, f[key], what=what, diagnoses=stored_diagnoses(f, key), hint=hint)
+    assert_close(out, f[key], what=what, diagnoses=stored_diagnoses(f, key), hint=hint, locate=locate)
     assert_float32(out, output_name)
 
 
@@ -189,7 +189,8 @@ def test_model_logits_match_reference():
     model, f = _model()
     _matches_reference(model(f["ids"]), f, "logits", "GPTModel logits",
                        what="GPTModel logits (2 layers, V=40, D=12) for ids (2, 7)",
-                       hint="wte(ids) + wpe(T) → blocks → ln_f → @ wte.weight.T")
+                       hint="wte(ids) + wpe(T) → blocks → ln_f → @ wte.weight.T",
+                       locate=lambda: first_difference(model, load_fixture(LAB, "model_trace")))
 
 
 def test_model_handles_max_seq_len_tokens():

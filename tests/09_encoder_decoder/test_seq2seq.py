@@ -5,8 +5,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gptkit.testing import (assert_close, assert_float32, explains_errors, fixture_params, lab, load_fixture,
-                            raises_clearly, stored_diagnoses)
+from gptkit.testing import (assert_close, assert_float32, explains_errors, first_difference, fixture_params, lab,
+                            load_fixture, raises_clearly, stored_diagnoses)
 from gptkit.testing.parameters import set_parameters
 
 M = lab("seq2seq")
@@ -248,6 +248,7 @@ def test_model_logits_match_marian():
         logits = model(f["src"], f["tgt"], tgt_keep=f["tgt_keep"])
     assert_close(logits, f["logits"], what="logits vs HuggingFace MarianMTModel (stored), padded source and target",
                  atol=1e-4, rtol=1e-4, diagnoses=stored_diagnoses(f, "logits"),
+                 locate=lambda: first_difference(model, load_fixture(LAB, "model_trace"), atol=1e-4),
                  hint="embed (tokens·√D + Marian's sinusoids) → encoder → decoder (causal self-attention, "
                       "cross-attention over the real source tokens) → @ shared.weight.T + final_logits_bias")
     assert_float32(logits, "EncoderDecoderModel logits")
