@@ -89,7 +89,9 @@ def first_in_order(order: Iterable[str], actual: Mapping, expected: Mapping, *, 
     if found is None:
         return None
     place, problem, agreed = found
-    before = f"; {_short(agreed[-3:])} before it agree" if agreed else "; it is the first one computed"
+    shown = agreed[-3:]
+    before = (f"; {_short(shown)} before it {'agrees' if len(shown) == 1 else 'agree'}" if agreed
+              else "; it is the first one computed")
     return f"{FIRST} `{place}` ({what}: {_brief(problem)}){before}"
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from gptkit.state import state_diff
 from gptkit.testing import (assert_close, assert_float32, checkpoint_on_disk, explains_errors, first_difference,
-                            fixture_params, lab, load_fixture, raises_clearly, stored_diagnoses)
+                            first_in_order, fixture_params, lab, load_fixture, raises_clearly, stored_diagnoses)
 
 L = lab("llama")
 LAB = "08_llama"
@@ -315,10 +315,18 @@ def test_cached_logits_equal_the_full_forward(tmp_path, case):
         parts.append(L.forward_with_cache(model, f["ids"][:, start : start + n], cache))
         start += n
     assert cache.length == start, f"cache.length should be {start} after {start} tokens, got {cache.length}"
+    bounds = np.cumsum([0, *f["chunks"].tolist()])
+    names = [f"chunk {i + 1} (positions {a}…{b - 1})" for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+    yours = dict(zip(names, parts))
+    expected = {name: f["cached_logits"][:, a:b] for name, a, b in zip(names, bounds, bounds[1:])}
+    first = first_in_order(names, yours, expected, what="logits", atol=1e-4)
+    hint = ("the first chunk goes into an empty cache: there forward_with_cache must give model(ids)'s logits"
+            if first and f"`{names[0]}`" in first.split(";")[0] else
+            "the chunks before agree, so what the cache carries over is wrong: new tokens sit at positions "
+            "cache.length …, attend to every cached key and value, and each key is rotated once, before it is stored")
     assert_close(np.concatenate(parts, axis=1), f["cached_logits"], atol=1e-4,
                  what=f"logits fed through the cache in chunks {f['chunks'].tolist()} ({ABOUT[case]})",
-                 diagnoses=stored_diagnoses(f, "cached_logits"),
-                 hint="the new tokens sit at positions cache.length …; rotate each key once, before it is stored")
+                 diagnoses=stored_diagnoses(f, "cached_logits"), locate=lambda: first, hint=hint)
 
 
 def test_cache_stores_rotated_keys():
