@@ -94,7 +94,11 @@ def test_merge_heads_inverts_split_heads(heads, d_head, T, B):
 def test_attend_matches_reference():
     layer, _ = _mha()
     f = load_fixture(LAB, "attend")
-    _matches_reference(layer.attend(f["q"], f["k"], f["v"]), f, "out", "attend output",
+    out = layer.attend(f["q"], f["k"], f["v"])
+    assert_close(layer.attend(f["q"], f["k"], f["v"]), out, what="attend(q, k, v) called twice in eval mode",
+                 hint="the same inputs gave different outputs: dropout is active in eval mode, where it must be "
+                      "the identity")
+    _matches_reference(out, f, "out", "attend output",
                        what="attend(q, k, v) for 3 heads of width 4, T = S = 7",
                        hint="softmax(q·kᵀ/√d_head + causal mask) @ v, for every batch row and head at once")
 
