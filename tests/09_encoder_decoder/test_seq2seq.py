@@ -2,6 +2,7 @@
 encoder–decoder model (MarianMT's layout) and greedy decoding with cached cross-attention."""
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -213,6 +214,25 @@ def test_decoder_layers_use_their_own_layernorms():
         assert not np.allclose(after, before), (
             f"doubling {name}.weight changed nothing: each of the three sub-layers has its own LayerNorm "
             "(self_attn_layer_norm, encoder_attn_layer_norm, final_layer_norm)")
+
+
+@pytest.mark.parametrize("name", ["swish", "silu"])
+def test_swish_encoder_layer_uses_silu(name):
+    """opus-mt checkpoints name SiLU "swish": the feed-forward is fc2(h·σ(h)), h = fc1(x), at
+    inputs large enough that a sigmoid, a tanh or ReLU in its place would differ."""
+    f = load_fixture(LAB, "encoder_layer")
+    rng = np.random.default_rng(5)
+    layer = set_parameters(M.EncoderLayer(D, H, F, activation=name, rng=rng),
+                           fixture_params(f), f"EncoderLayer(activation={name!r})")
+    x = rng.normal(0, 3, (2, 3, D)).astype(np.float32)
+    out = layer(x)
+    mid = layer.self_attn_layer_norm(x + layer.self_attn(x))  # post-norm: the first sub-layer, as your layer has it
+    h = mid.astype(np.float64) @ layer.fc1.weight + layer.fc1.bias
+    ff = (h / (1 + np.exp(-h))) @ layer.fc2.weight + layer.fc2.bias
+    expected = layer.final_layer_norm(mid + ff.astype(np.float32))
+    assert_close(out, expected, what=f"EncoderLayer(activation={name!r}) on x (2, 3, {D})", atol=1e-4,
+                 hint="swish and silu are both x·σ(x), between fc1 and fc2")
+    assert_float32(out, f"EncoderLayer(activation={name!r}) output")
 
 
 def test_dropout_only_while_training():
