@@ -97,17 +97,24 @@ def first_in_order(order: Iterable[str], actual: Mapping, expected: Mapping, *, 
 
 # --- the forward trace -----------------------------------------------------------------------------
 
+class _Calls(list):
+    started: list[str]
+
+
 @contextmanager
 def record_trace(model):
     """Record every sub-layer call of ``model`` (a kit ``Layer``) while the block runs:
     yields the list of ``(path, args, kwargs, output)``, in the order calls finish (the
-    first call of each sub-layer only)."""
-    calls, seen, patched = [], set(), []
+    first call of each sub-layer only); afterwards its ``started`` lists the paths in the
+    order the calls began."""
+    calls, seen, patched, started = _Calls(), set(), [], []
     for path, layer in [("", model), *model.named_layers()]:  # "" is the model itself
         if "forward" in vars(layer):
             continue
 
         def wrapped(*args, _path=path, _forward=layer.forward, **kwargs):
+            if _path not in started:
+                started.append(_path)
             out = _forward(*args, **kwargs)
             if _path not in seen:
                 seen.add(_path)
@@ -121,6 +128,7 @@ def record_trace(model):
     finally:
         for layer in patched:
             del layer.forward
+        calls.started = started  # the order the calls began in: outer layers before their parts
 
 
 def _encode(value, key: str, arrays: dict) -> dict | None:
@@ -188,7 +196,7 @@ def _first_input_difference(model, fixture: Mapping, prefix: str) -> str | None:
     except Exception:  # noqa: BLE001 - the comparison already failed; this only adds a pointer
         return None
     theirs = {path: (a, kw) for path, a, kw, _ in mine}
-    for call in calls[:-1]:
+    for call in sorted(calls[:-1], key=lambda c: mine.started.index(c["path"]) if c["path"] in theirs else 0):
         if call["path"] not in theirs:
             continue
         ref_args, ref_kwargs = _inputs(call, fixture)
