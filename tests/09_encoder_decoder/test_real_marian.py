@@ -1,7 +1,7 @@
 """Lab 09 · a real MarianMT checkpoint (an opus-mt translation model), when one is on this
 machine ($MARIAN_DIR or the HuggingFace cache). Nothing is downloaded: without one the test
-skips and says how to get one. Real opus-mt checkpoints use activation "swish" (SiLU) and
-scale_embedding true."""
+skips and says how to get one. Its config names the activation (it may be "swish", SiLU)
+and whether embeddings are scaled; the model follows it."""
 
 import numpy as np
 import pytest

@@ -218,7 +218,7 @@ def test_decoder_layers_use_their_own_layernorms():
 
 @pytest.mark.parametrize("name", ["swish", "silu"])
 def test_swish_encoder_layer_uses_silu(name):
-    """opus-mt checkpoints name SiLU "swish": the feed-forward is fc2(h·σ(h)), h = fc1(x), at
+    """HuggingFace's MarianMT configs name SiLU "swish": the feed-forward is fc2(h·σ(h)), h = fc1(x), at
     inputs large enough that a sigmoid, a tanh or ReLU in its place would differ."""
     f = load_fixture(LAB, "encoder_layer")
     rng = np.random.default_rng(5)

@@ -43,7 +43,7 @@ def test_demo_explains_missing_weights_and_bad_ids(tmp_path):
 
 
 def test_demo_translates_with_a_marian_checkpoint(tmp_path):
-    """--marian: a MarianMT checkpoint (here a tiny random one with opus-mt's swish and
+    """--marian: a MarianMT checkpoint (here a tiny random one with swish (SiLU) and
     scaled embeddings) in the lab-09 model, token ids in and out; needs the torch extra."""
     from gptkit.testing.seq2seq import Seq2SeqShape, hf_marian, random_seq2seq_state
     from gptkit.testing.torchref import torch_or_skip

@@ -26,8 +26,8 @@ from embeddings import PositionalEmbedding, TokenEmbedding, sinusoidal_positiona
 from gptkit import Layer, as_float_array, check_last_dim, check_length, check_ndim, make_rng
 from layers import Dropout, LayerNorm, Linear, gelu_exact
 
-# "gelu" is the exact (erf) form, as torch's and Marian's "gelu"; "swish" (the opus-mt checkpoints'
-# name) and "silu" are both x·σ(x)
+# "gelu" is the exact (erf) form, as torch's and Marian's "gelu"; "swish" (HuggingFace's
+# name for it: nn.SiLU) and "silu" are both x·σ(x)
 ACTIVATIONS = ("relu", "gelu", "silu", "swish")
 
 
