@@ -174,17 +174,10 @@ def find_real_marian():
     """A folder with a MarianMT ``config.json`` (model_type "marian") and its weights:
     $MARIAN_DIR, else any snapshot in the HuggingFace cache; None when there is none."""
     import json
-    import os
-    from pathlib import Path
 
-    candidates = []
-    if os.environ.get(MARIAN_DIR_ENV):
-        candidates.append(Path(os.environ[MARIAN_DIR_ENV]).expanduser())
-    hub = Path(os.environ.get("HF_HUB_CACHE") or (
-        Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"))
-    if hub.is_dir():
-        candidates += sorted(hub.glob("models--*/snapshots/*"))
-    for folder in candidates:
+    from gptkit.checkpoints import local_checkpoints
+
+    for folder in local_checkpoints(MARIAN_DIR_ENV):
         try:
             config = json.loads((folder / "config.json").read_text())
         except (OSError, ValueError):
