@@ -303,4 +303,5 @@ def describe(result: BugResult) -> str:
                 f"stored-fixture and property tests must (or mark it `live = true`)")
     if not result.explained:
         return f"VAGUE   {b.name}: the first failure names none of {list(b.expect)}: {said}"
-    return f"caught  {b.name}: {said}"
+    named = next(w for w in (*b.expect, firstdiff.FIRST) if w.lower() in first.message.lower())
+    return f"caught  {b.name}: names {named!r}: {said}"
