@@ -167,6 +167,19 @@ HOW_TO_GET_GPT2 = (
 )
 
 
+def hub_cache() -> Path:
+    """The HuggingFace hub cache: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub."""
+    return Path(os.environ.get("HF_HUB_CACHE") or (
+        Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"))
+
+
+def local_checkpoints(env_var: str) -> list[Path]:
+    """Folders that may hold a checkpoint, nothing downloaded: the one $env_var names, then
+    every snapshot in the HuggingFace hub cache."""
+    candidates = [Path(os.environ[env_var]).expanduser()] if os.environ.get(env_var) else []
+    return candidates + sorted(hub_cache().glob("models--*/snapshots/*"))
+
+
 def find_real_gpt2() -> Path | None:
     """A folder with real GPT-2 small's ``config.json`` and ``model.safetensors``: the
     folder named by $GPT2_DIR, else the HuggingFace cache's ``gpt2`` (or
@@ -174,8 +187,7 @@ def find_real_gpt2() -> Path | None:
     candidates = []
     if os.environ.get(GPT2_DIR_ENV):
         candidates.append(Path(os.environ[GPT2_DIR_ENV]).expanduser())
-    hub = os.environ.get("HF_HUB_CACHE") or (
-        Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub")
+    hub = hub_cache()
     for repo in ("models--gpt2", "models--openai-community--gpt2"):  # the hub's old and new names
         candidates += sorted((Path(hub) / repo / "snapshots").glob("*"), reverse=True)
     for folder in candidates:

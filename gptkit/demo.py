@@ -5,10 +5,16 @@ your lab-05 reader) and generate greedily.
     uv run python -m gptkit.demo PATH --prompt "The dog" # a checkpoint folder, text in and out
     uv run python -m gptkit.demo PATH --ids 464,3290     # token ids in and out (no tokenizer needed)
     uv run python -m gptkit.demo --random --ids 1,2,3    # a small random checkpoint: no download at all
+    uv run python -m gptkit.demo --marian [PATH] --prompt "Hello"  # translate with your lab-09 model
 
 Text needs a GPT-2 tokenizer on this machine (``transformers`` from the torch extra and
 the tokenizer files in the checkpoint folder); otherwise use ``--ids``. ``--impl
 solutions`` runs the reference code instead of yours (instructors).
+
+``--marian`` loads a MarianMT (opus-mt) checkpoint into *your* lab-09 EncoderDecoderModel and
+translates greedily. Reading its weights needs the torch extra; text needs MarianTokenizer,
+which also needs the ``sentencepiece`` package and the checkpoint's ``source.spm`` /
+``target.spm``; otherwise give source token ids with ``--ids``.
 """
 
 from __future__ import annotations
@@ -87,6 +93,51 @@ def run(args) -> int:
     return 0
 
 
+def run_marian(args) -> int:
+    use_impl(args.impl)
+    import seq2seq  # the student's lab 09
+
+    from gptkit.testing.seq2seq import HOW_TO_GET_MARIAN, find_real_marian, marian_as_lab09
+
+    folder = Path(args.checkpoint) if args.checkpoint else find_real_marian()
+    if folder is None:
+        raise CommandError(HOW_TO_GET_MARIAN)
+    try:
+        import torch
+        from transformers import MarianMTModel
+    except ImportError:
+        raise CommandError("reading a MarianMT checkpoint needs the torch extra: `uv sync --extra torch`") from None
+    hf = MarianMTModel.from_pretrained(str(folder), torch_dtype=torch.float32, local_files_only=True)
+    kwargs, state = marian_as_lab09(hf)
+    model = seq2seq.EncoderDecoderModel(**kwargs, rng=np.random.default_rng(0)).load_state_dict(state).eval()
+    print(f"loaded {folder} into your EncoderDecoderModel ({model.num_parameters() / 1e6:.1f}M parameters, "
+          f"activation {kwargs['activation']!r})")
+    tok = None
+    try:
+        from transformers import MarianTokenizer
+
+        tok = MarianTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except Exception:  # noqa: BLE001 - no sentencepiece, or no tokenizer files: ids still work
+        tok = None
+    if args.ids:
+        src = _parse_ids(args.ids)
+    elif tok is not None:
+        src = np.array([tok(args.prompt)["input_ids"]], dtype=np.int64)
+    else:
+        raise CommandError("no Marian tokenizer here (MarianTokenizer needs the sentencepiece package and the "
+                           "checkpoint's source.spm and target.spm): give source token ids with --ids, ending with "
+                           f"the EOS id {hf.config.eos_token_id}")
+    start = time.perf_counter()
+    out = np.asarray(seq2seq.greedy_decode(model, src, args.tokens, eos_id=int(hf.config.eos_token_id)))
+    seconds = time.perf_counter() - start
+    print(f"source ids:     {src[0].tolist()}")
+    print(f"translated ids: {out[0, 1:].tolist()}")
+    if tok is not None:
+        print(f"translation: {tok.decode(out[0].tolist(), skip_special_tokens=True)!r}")
+    print(f"{out.shape[1] - 1} tokens in {seconds:.2f} s (greedy, the encoder run once, cross-attention cached)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gptkit.demo", description=__doc__.split("\n\n")[0])
     p.add_argument("checkpoint", nargs="?", help="a folder with config.json and model.safetensors "
@@ -96,8 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=20, help="how many tokens to generate (default 20)")
     p.add_argument("--random", action="store_true", help="use a small random checkpoint instead of real weights")
     p.add_argument("--impl", default="labs", help="whose code: labs (yours, default), solutions, or a path")
+    p.add_argument("--marian", action="store_true",
+                   help="translate with a MarianMT checkpoint in your lab-09 model (default: $MARIAN_DIR or the "
+                        "HuggingFace cache; needs the torch extra)")
     args = p.parse_args(argv)
-    return run_command("demo", lambda: run(args), also=(ValueError, FileNotFoundError, TypeError))
+    return run_command("demo", lambda: run_marian(args) if args.marian else run(args),
+                       also=(ValueError, FileNotFoundError, TypeError))
 
 
 if __name__ == "__main__":

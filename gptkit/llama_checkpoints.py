@@ -10,11 +10,12 @@ norm that forgets its gain, and equal gate and up weights would hide swapping th
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from gptkit.checkpoints import local_checkpoints
 
 
 @dataclass(frozen=True)
@@ -148,14 +149,7 @@ def _usable(folder: Path) -> bool:
 def find_real_llama() -> Path | None:
     """A folder with a real Llama-family ``config.json`` and ``model.safetensors``: $LLAMA_DIR,
     else any snapshot in the HuggingFace cache whose config says ``model_type: llama``."""
-    candidates = []
-    if os.environ.get(LLAMA_DIR_ENV):
-        candidates.append(Path(os.environ[LLAMA_DIR_ENV]).expanduser())
-    hub = Path(os.environ.get("HF_HUB_CACHE") or (
-        Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"))
-    if hub.is_dir():
-        candidates += sorted(hub.glob("models--*/snapshots/*"))
-    for folder in candidates:
+    for folder in local_checkpoints(LLAMA_DIR_ENV):
         if _usable(folder):
             return folder
     return None

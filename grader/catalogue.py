@@ -15,8 +15,8 @@ A bug that needs several edits lists them instead of ``find``/``replace``:
     edits = [{find = "...", replace = "..."}, {file = "03_layernorm_ffn/layers.py", find = "...", replace = "..."}]
 
 ``live = true`` marks a bug that only the live PyTorch/HuggingFace tests can catch (e.g.
-on the GPT-2-small-shaped model): its check runs those tests too; every other bug must
-be caught by the stored-fixture tests alone, as a student without torch runs them.
+on the GPT-2-small-shaped model); every other bug must be caught by the stored-fixture
+and property tests alone, as a student without torch runs them.
 
 An edit's ``file`` (default: the bug's) is a module of this lab, or ``NN_name/module.py``
 for an earlier lab's module that this lab's tests reach (only this lab's tests run). An
@@ -29,9 +29,12 @@ the bug applied (:func:`import_with_bug`), and a failing test whose result match
 "Your result matches <concept>", so a diagnosed bug's ``concept`` is written for the
 student.
 
-Each bug is applied to a temporary copy of the solutions and the lab's tests are run
-on it: the bug is *caught* when a test fails, and *explained* when a failure message
-contains one of the ``expect`` words (the concept, in the lab's terms).
+Each bug is applied to a temporary copy of the solutions and the lab's tests are run on
+it with ``-x``, in the order a student's run takes (each lab's own tests before its live
+comparisons): the bug is *caught* when a test fails before the live tests (a student
+without torch sees it), and *explained* when that first failure's message contains one
+of the ``expect`` words (the concept, in the lab's terms) or names the first place that
+differs ("first differs at ..."): the first message a student reads names the mistake.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
+from gptkit.testing import firstdiff
 from gptkit.testing.layout import KIT_ROOT, lab_dirs
 from grader.pytest_run import TestResult, run_pytest
 
@@ -86,8 +90,9 @@ class BugResult:
     bug: Bug
     caught: bool = False
     explained: bool = False
-    failures: list[TestResult] = field(default_factory=list)
+    failures: list[TestResult] = field(default_factory=list)  # under -x: the first failure alone
     error: str = ""
+    live_only: bool = False  # the first failure is a live PyTorch/HuggingFace test
 
     @property
     def ok(self) -> bool:
@@ -223,14 +228,22 @@ def import_with_bug(bug: Bug, module: str, solutions: Path = KIT_ROOT / "solutio
             sys.path[:], sys.dont_write_bytecode = path, no_bytecode
 
 
-def check_bug(bug: Bug, solutions: Path = KIT_ROOT / "solutions") -> BugResult:
+def check_bug(bug: Bug, solutions: Path = KIT_ROOT / "solutions", live: bool = True) -> BugResult:
+    """Run the lab's tests on the solutions with ``bug`` in them, stopping at the first
+    failure (``-x``), as a student runs them: the first failure must name the mistake (an
+    ``expect`` word, or the first place that differs).
+
+    ``live`` (the default) runs the live PyTorch/HuggingFace tests too where torch is
+    installed: the lab's own tests run before them (``concept_tests_first``), so a first
+    failure that is not a live test is also the first failure without torch, and one
+    run answers both. A bug must be caught before the live tests (by the stored fixtures
+    and properties a student without torch runs) unless it is marked ``live = true``.
+    ``live=False`` leaves the live tests out altogether (``-m "labNN and not torch"``)."""
     result = BugResult(bug)
-    # The stored-fixture tests must catch a bug on their own (students run them without
-    # torch); only a bug marked `live = true` is also run against the live references.
-    marker = f"lab{bug.lab[:2]}" + ("" if bug.live else " and not torch")
+    marker = f"lab{bug.lab[:2]}" + ("" if live else " and not torch")
     try:
         with bugged_tree(bug, solutions) as tree:
-            _, results, output = run_pytest(tree, marker)
+            _, results, output = run_pytest(tree, marker, args=["-x"])
     except CatalogueError as exc:
         result.error = str(exc)
         return result
@@ -238,27 +251,57 @@ def check_bug(bug: Bug, solutions: Path = KIT_ROOT / "solutions") -> BugResult:
         result.error = "the tests did not run:\n" + output[-2000:]
         return result
     result.failures = [r for r in results if r.outcome in ("failed", "error")]
-    result.caught = bool(result.failures)
-    words = [w.lower() for w in bug.expect]
-    result.explained = any(w in f.message.lower() for f in result.failures for w in words)
+    if not result.failures:
+        return result
+    first = result.failures[0]
+    ran_live = [r.nodeid for r in results[:results.index(first)] if r.live and r.outcome != "skipped"]
+    if ran_live:
+        result.error = (f"the live test {ran_live[0]} ran before the lab's own test {first.nodeid}: "
+                        "the concept tests must run first (tests/conftest.py)")
+        return result
+    result.caught = bug.live or not first.live
+    result.live_only = first.live
+    words = [w.lower() for w in (*bug.expect, firstdiff.FIRST)]  # the concept, or the first place that differs
+    result.explained = any(w in first.message.lower() for w in words)
     return result
 
 
-def check_catalogue(bugs: list[Bug], jobs: int = 2, solutions: Path = KIT_ROOT / "solutions") -> list[BugResult]:
+def check_catalogue(bugs: list[Bug], jobs: int = 2, solutions: Path = KIT_ROOT / "solutions",
+                    live: bool = True) -> list[BugResult]:
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return list(pool.map(lambda b: check_bug(b, solutions), bugs))
+        return list(pool.map(lambda b: check_bug(b, solutions, live), bugs))
+
+
+def torch_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
+
+
+def mode_line(live: bool = True) -> str:
+    """How the catalogue runs the tests, for reports."""
+    if not live:
+        return "each bug under `pytest -m 'labNN and not torch' -x` (stored fixtures and properties only)"
+    if not torch_installed():
+        return ("each bug under `pytest -m labNN -x`; torch is not installed, so the live tests skip: "
+                "this checks the run without torch only")
+    return ("each bug under `pytest -m labNN -x` with the live tests: the first failure must come before "
+            "them (as without torch) and name the mistake")
 
 
 def describe(result: BugResult) -> str:
-    """One line per bug for reports."""
+    """One line per bug for reports: what the first failure (under ``-x``) says."""
     b = result.bug
     if result.error:
         return f"ERROR   {b.name}: {result.error.splitlines()[0]}"
-    if not result.caught:
+    if not result.failures:
         return f"MISSED  {b.name}: no test fails with '{b.concept}'"
     first = result.failures[0]
+    said = first.message.splitlines()[0][:160] if first.message else first.nodeid
+    if not result.caught:
+        return (f"LIVE    {b.name}: only a live PyTorch/HuggingFace test catches it ({first.nodeid}); the "
+                f"stored-fixture and property tests must (or mark it `live = true`)")
     if not result.explained:
-        return (f"VAGUE   {b.name}: caught, but no message names {list(b.expect)}; "
-                f"first: {first.message.splitlines()[0][:160] if first.message else first.nodeid}")
-    hit = next(f for f in result.failures if any(w.lower() in f.message.lower() for w in b.expect))
-    return f"caught  {b.name}: {len(result.failures)} failing; e.g. {hit.message.splitlines()[0][:160]}"
+        return f"VAGUE   {b.name}: the first failure names none of {list(b.expect)}: {said}"
+    named = next(w for w in (*b.expect, firstdiff.FIRST) if w.lower() in first.message.lower())
+    return f"caught  {b.name}: names {named!r}: {said}"

@@ -54,11 +54,13 @@ def cmd_catalogue(args) -> int:
     from grader import catalogue
 
     bugs = catalogue.load_catalogue(labs=_labs(args.labs))
-    results = catalogue.check_catalogue(bugs, jobs=args.jobs)
+    live = not args.no_live
+    print(catalogue.mode_line(live))
+    results = catalogue.check_catalogue(bugs, jobs=args.jobs, live=live)
     for r in results:
         print(catalogue.describe(r))
     bad = [r for r in results if not r.ok]
-    print(f"{len(results) - len(bad)} of {len(results)} bugs caught and explained")
+    print(f"{len(results) - len(bad)} of {len(results)} bugs caught, the first failure naming the mistake")
     return 1 if bad else 0
 
 
@@ -210,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("catalogue", help="run the lab tests against every catalogued student bug")
     _labs_option(s, "to check")
     s.add_argument("--jobs", type=int, default=2, help="bugs checked in parallel (default 2)")
+    s.add_argument("--no-live", action="store_true",
+                   help="leave out the live PyTorch/HuggingFace tests (-m 'labNN and not torch'), as a student without torch runs")
     s.set_defaults(func=cmd_catalogue)
 
     s = sub.add_parser("grade", help="grade submissions: a kit copy (folder or .zip) or a folder of them")

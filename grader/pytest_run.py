@@ -21,9 +21,21 @@ class TestResult:
     outcome: str  # "passed" | "failed" | "error" | "skipped"
     message: str
     duration: float
+    live: bool = False  # marked `torch`: a live PyTorch/HuggingFace comparison
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+LIVE_PROPERTY = "kit_live"
+
+
+def pytest_collection_modifyitems(items):
+    """This module is also a pytest plugin (``-p grader.pytest_run``): it records in the
+    JUnit report which tests are live comparisons (the ``torch`` marker)."""
+    for item in items:
+        if item.get_closest_marker("torch") is not None:
+            item.user_properties.append((LIVE_PROPERTY, "1"))
 
 
 def parse_junit(path: Path) -> list[TestResult]:
@@ -38,7 +50,8 @@ def parse_junit(path: Path) -> list[TestResult]:
                 outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
                 message = (el.get("message") or el.text or "").strip()
                 break
-        results.append(TestResult(nodeid, outcome, message, float(case.get("time", 0) or 0)))
+        live = any(p.get("name") == LIVE_PROPERTY for p in case.iter("property"))
+        results.append(TestResult(nodeid, outcome, message, float(case.get("time", 0) or 0), live))
     return results
 
 
@@ -48,7 +61,7 @@ def run_pytest(impl: Path | str, marker: str | None = None, *, args: list[str] =
     """pytest on ``impl`` (a tree of lab folders); returns (exit code, results, output)."""
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
-        cmd = [sys.executable, "-m", "pytest", f"--impl={impl}", "-q", "-p", "no:randomly",
+        cmd = [sys.executable, "-m", "pytest", f"--impl={impl}", "-q", "-p", "no:randomly", "-p", "grader.pytest_run",
                f"--junitxml={junit}", "-o", "junit_family=xunit1", *args]
         if marker:
             cmd += ["-m", marker]

@@ -19,7 +19,7 @@ from _pytest.reports import TestReport
 from hypothesis import HealthCheck, Phase, settings
 
 from gptkit.testing import loader, remote
-from gptkit.testing.layout import LAB_DIR_RE, bind_tree, resolve_impl
+from gptkit.testing.layout import LAB_DIR_RE, bind_tree, concept_tests_first, resolve_impl
 
 # Same examples every run: a grade must not depend on the day's random draw. No
 # shrinking: a failing property reports the first failing example at once, so a stub's
@@ -65,6 +65,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, f"lab{folder[:2]}"))
         elif folder in ("kit", "grader"):
             item.add_marker(pytest.mark.kit)
+    items[:] = concept_tests_first(items)  # under -x, the test that names the mistake fails first
 
 
 class _TaskNotDone:

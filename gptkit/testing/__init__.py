@@ -11,6 +11,7 @@ _HOMES = {
     "assertions": ["assert_causal", "assert_close", "assert_float32", "assert_rejects_bad_x", "explains_errors",
                    "mismatch_summary", "raises_clearly"],
     "checkpoints": ["checkpoint_on_disk", "real_checkpoint"],
+    "firstdiff": ["first_difference", "first_in_order"],
     "fixtures": ["diagnosis_label", "fixture_params", "load_fixture", "stored_diagnoses"],
     "loader": ["lab"],
     "remote": ["same_object", "shares_memory"],

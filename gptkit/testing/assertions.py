@@ -46,12 +46,14 @@ def assert_close(
     rtol: float = 1e-4,
     hint: str | None = None,
     diagnoses: Mapping[str, np.ndarray] | None = None,
+    locate: Callable[[], str | None] | None = None,
 ) -> None:
     """Assert ``actual`` ≈ ``expected`` with a short message naming ``what`` went wrong.
 
     ``diagnoses`` maps a description of a known mistake (e.g. "the scores were not
     divided by √d") to what that mistake would produce; when ``actual`` matches one,
-    the message says so.
+    the message says so. ``locate``, called only on a mismatch, names where the result
+    first departs from the reference (``gptkit.testing.firstdiff``).
     """
     __tracebackhide__ = True
     arr = _as_array(actual, what)
@@ -78,6 +80,13 @@ def assert_close(
         if candidate.shape == arr.shape and mismatch_summary(arr, candidate, atol, rtol) is None:
             msg += f". Your result matches {label}"
             break
+    if locate is not None:
+        try:
+            where = locate()
+        except Exception as exc:  # noqa: BLE001 - a pointer must never hide the failure it explains
+            where = f"(could not locate the first difference: {type(exc).__name__})"
+        if where:
+            msg += f". {where[0].upper()}{where[1:]}"
     if hint:
         msg += f". {hint}"
     raise AssertionError(msg)

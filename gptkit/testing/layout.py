@@ -90,3 +90,20 @@ def module_lab(module: str, root: Path) -> LabDir | None:
         if (lab.code_dir / f"{module}.py").is_file():
             return lab
     return None
+
+
+def concept_tests_first(items: list) -> list:
+    """The run order: each lab's tests together (labs in the order they were collected,
+    its hidden tests beside its public ones), and within a lab its own concept tests
+    (fixtures and properties) before the live PyTorch/HuggingFace comparisons (the
+    ``torch`` marker). Under ``-x`` the first failure a student reads is then the test
+    that names the mistake, whatever is installed. Otherwise the collection order stays."""
+    group_rank: dict = {}
+    keys = []
+    for index, item in enumerate(items):
+        group = lab_of(item.nodeid) or Path(str(item.fspath)).parent.name  # kit, grader
+        rank = group_rank.setdefault(group, len(group_rank))
+        keys.append((rank, item.get_closest_marker("torch") is not None, index))
+    order = sorted(range(len(items)), key=keys.__getitem__)
+    return [items[i] for i in order]
+

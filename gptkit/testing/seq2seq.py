@@ -157,3 +157,59 @@ def torch_layer(state: dict[str, np.ndarray], *, d_model: int, num_heads: int, d
     tensors = {k: torch.from_numpy(v) for k, v in torch_layer_state(state, cross=cross).items()}
     layer.load_state_dict(tensors, strict=True)
     return layer.to(device or "cpu").eval()
+
+
+# --- a real MarianMT checkpoint on this machine ------------------------------------------------------
+
+MARIAN_DIR_ENV = "MARIAN_DIR"
+HOW_TO_GET_MARIAN = (
+    "no MarianMT checkpoint found: set $MARIAN_DIR to a folder holding a MarianMT config.json (model_type "
+    "\"marian\") and its weights, or put one in the HuggingFace cache, e.g. `uv run --extra torch python -c "
+    "\"from transformers import MarianMTModel; MarianMTModel.from_pretrained('Helsinki-NLP/opus-mt-en-de')\"` "
+    "on a machine with internet"
+)
+
+
+def find_real_marian():
+    """A folder with a MarianMT ``config.json`` (model_type "marian") and its weights:
+    $MARIAN_DIR, else any snapshot in the HuggingFace cache; None when there is none."""
+    import json
+
+    from gptkit.checkpoints import local_checkpoints
+
+    for folder in local_checkpoints(MARIAN_DIR_ENV):
+        try:
+            config = json.loads((folder / "config.json").read_text())
+        except (OSError, ValueError):
+            continue
+        weights = any((folder / name).is_file() for name in ("model.safetensors", "pytorch_model.bin"))
+        if config.get("model_type") == "marian" and weights:
+            return folder
+    return None
+
+
+def marian_as_lab09(hf) -> tuple[dict, dict[str, np.ndarray]]:
+    """A HuggingFace ``MarianMTModel``'s ``EncoderDecoderModel`` keyword arguments and its
+    parameters under lab 09's names and layout (the inverse of :func:`hf_marian`)."""
+    cfg = hf.config
+    if getattr(cfg, "normalize_before", None):
+        raise ValueError("a pre-norm Marian config (normalize_before) is not MarianMT's post-norm layout")
+    if cfg.d_model % cfg.encoder_attention_heads or cfg.encoder_ffn_dim != cfg.decoder_ffn_dim:
+        raise ValueError("lab 09's model needs one feed-forward width and whole heads")
+    kwargs = dict(vocab_size=cfg.vocab_size, d_model=cfg.d_model, num_layers=cfg.encoder_layers,
+                  num_decoder_layers=cfg.decoder_layers, num_heads=cfg.encoder_attention_heads,
+                  d_ff=cfg.encoder_ffn_dim, max_seq_len=cfg.max_position_embeddings,
+                  activation=cfg.activation_function, scale_embedding=bool(cfg.scale_embedding),
+                  pad_id=cfg.pad_token_id)
+    state = {}
+    for name, tensor in hf.state_dict().items():
+        value = tensor.detach().float().cpu().numpy()
+        if name == "final_logits_bias":
+            state[name] = value[0]
+            continue
+        if "embed_positions" in name or "embed_tokens" in name or name == "lm_head.weight":
+            continue  # the fixed sinusoids, and the shared embedding under other names
+        name = name.removeprefix("model.")
+        state[name] = value.T.copy() if name.endswith(".weight") and value.ndim == 2 and name != "shared.weight" \
+            else value
+    return kwargs, state

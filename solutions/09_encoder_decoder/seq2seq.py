@@ -25,7 +25,9 @@ from embeddings import PositionalEmbedding, TokenEmbedding, sinusoidal_positiona
 from gptkit import Layer, as_float_array, check_last_dim, check_length, check_ndim, make_rng
 from layers import Dropout, LayerNorm, Linear, gelu_exact
 
-ACTIVATIONS = ("relu", "gelu")  # "gelu" is the exact (erf) form, as torch's and Marian's "gelu"
+# "gelu" is the exact (erf) form, as torch's and Marian's "gelu"; "swish" (HuggingFace's
+# name for it: nn.SiLU) and "silu" are both x·σ(x)
+ACTIVATIONS = ("relu", "gelu", "silu", "swish")
 
 
 def _check_keep(keep, name: str) -> np.ndarray:
@@ -205,9 +207,14 @@ class _Block(Layer):
         self.final_layer_norm = LayerNorm(d_model, eps=layer_norm_eps)
 
     def feed_forward(self, x: np.ndarray) -> np.ndarray:
-        """fc1 → activation (ReLU or exact GELU) → dropout → fc2, (…, D) → (…, D)."""
+        """fc1 → activation (ReLU, exact GELU or SiLU) → dropout → fc2, (…, D) → (…, D)."""
         h = self.fc1(x)
-        h = np.maximum(h, 0) if self.activation == "relu" else gelu_exact(h)
+        if self.activation == "relu":
+            h = np.maximum(h, 0)
+        elif self.activation == "gelu":
+            h = gelu_exact(h)
+        else:  # SiLU: x·σ(x), with σ(x) = (1 + tanh(x/2)) / 2 (no overflow, float32 stays float32)
+            h = h * ((1 + np.tanh(h / 2)) / 2)
         return self.fc2(self.dropout(h))
 
     def sublayer(self, x: np.ndarray, f, norm: LayerNorm) -> np.ndarray:

@@ -147,6 +147,9 @@ def test_attention_matches_reference():
                      "softmax(q·kᵀ) with no 1/√d scaling": _naive(q, k, v, mask, 1.0)[1],
                      "scores scaled by 1/d instead of 1/√d": _naive(q, k, v, mask, 1 / d)[1],
                      "attention with the mask ignored": _naive(q, k, v, None, 1 / math.sqrt(d))[1],
+                     "the mask applied after the softmax: blocked weights zeroed, so rows no longer sum to 1, "
+                     "where the mask belongs before the softmax":
+                         np.where(mask, _naive(q, k, v, None, 1 / math.sqrt(d))[1], 0.0),
                  },
                  hint="weights = softmax(q·kᵀ/√d with blocked scores set to -inf) along the keys")
     assert_close(out, f["out"], what="attention output", hint="out = weights @ v")
@@ -216,6 +219,12 @@ def _self_attention():
 def test_self_attention_matches_reference():
     layer, f = _self_attention()
     out, w = layer(f["x"])
+    w_arr = np.asarray(w)
+    if w_arr.shape == f["weights"].shape and np.any(np.triu(w_arr != 0, 1)):  # says more than a count would
+        b, i, j = (int(n) for n in np.argwhere(np.triu(w_arr != 0, 1))[0])
+        raise AssertionError(f"CausalSelfAttention weights (B, T, T): in batch row {b}, position {i} attends to "
+                             f"position {j} (weight {float(w_arr[b, i, j]):.3g}), which is in the future: apply "
+                             "the causal mask to the scores before the softmax")
     assert_close(w, f["weights"], what="CausalSelfAttention weights (B, T, T)",
                  hint="q = x @ W_q, k = x @ W_k, v = x @ W_v, then causal scaled dot-product attention")
     assert_close(out, f["out"], what="CausalSelfAttention output",

@@ -3,11 +3,14 @@ parameter random: LayerNorm gains and all biases too), their outputs, and what t
 catalogue's mistakes would output instead: each bug in ``solutions/04_gpt_model/bugs.toml``
 whose ``diagnose`` names one of the cases ``heads``, ``attend``, ``mha``, ``block``,
 ``model``, ``model_square`` is applied to the solution and run on that case (so a failing
-test can name the mistake without the tests holding a second implementation)."""
+test can name the mistake without the tests holding a second implementation).
+``model_trace`` holds every sub-layer's inputs and outputs in the reference model on the
+``model`` case's ids, so a failing logits test names the first sub-layer that differs."""
 
 import numpy as np
 
 from gptkit.checkpoints import GPT2Shape, random_gpt2_state
+from gptkit.testing.firstdiff import record_trace, trace_arrays
 from grader.fixtures import diagnoses
 
 NEEDS_TORCH = False
@@ -73,6 +76,9 @@ def build() -> dict[str, dict[str, np.ndarray]]:
     case["ids_full"] = rng.integers(0, SMALL.vocab_size, (1, SMALL.max_seq_len))
     case["logits_full"] = _model(ref, SMALL, state)(case["ids_full"])
     cases["model"] = _with_diagnoses(case, "model", lambda gpt: {"logits": _model(gpt, SMALL, state)(ids)}, ref)
+    with record_trace(traced := _model(ref, SMALL, state)) as calls:  # each sub-layer's inputs and outputs
+        traced(ids)
+    cases["model_trace"] = trace_arrays(calls)
 
     square = random_gpt2_state(SQUARE, rng)
     ids = rng.integers(0, SQUARE.vocab_size, (2, 5))

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gptkit.testing import (assert_causal, assert_close, assert_rejects_bad_x, assert_float32, fixture_params, lab,
-                            load_fixture, raises_clearly, stored_diagnoses)
+from gptkit.testing import (assert_causal, assert_close, assert_rejects_bad_x, assert_float32, first_difference,
+                            fixture_params, lab, load_fixture, raises_clearly, stored_diagnoses)
 from gptkit.testing.parameters import set_parameters
 
 G = lab("gpt")
@@ -41,11 +41,11 @@ def _model(case="model", dropout=0.1):
     return set_parameters(model, p, f"GPTModel(vocab_size={V}, d_model={Dm}, num_layers={layers})"), f
 
 
-def _matches_reference(out, f, key, output_name, *, what, hint):
+def _matches_reference(out, f, key, output_name, *, what, hint, locate=None):
     """``out`` must match the fixture's ``f[key]`` (naming the catalogued mistake it matches,
-    if any) and be float32."""
+    if any, and with ``locate`` the first place that differs) and be float32."""
     __tracebackhide__ = True
-    assert_close(out, f[key], what=what, diagnoses=stored_diagnoses(f, key), hint=hint)
+    assert_close(out, f[key], what=what, diagnoses=stored_diagnoses(f, key), hint=hint, locate=locate)
     assert_float32(out, output_name)
 
 
@@ -94,7 +94,11 @@ def test_merge_heads_inverts_split_heads(heads, d_head, T, B):
 def test_attend_matches_reference():
     layer, _ = _mha()
     f = load_fixture(LAB, "attend")
-    _matches_reference(layer.attend(f["q"], f["k"], f["v"]), f, "out", "attend output",
+    out = layer.attend(f["q"], f["k"], f["v"])
+    assert_close(layer.attend(f["q"], f["k"], f["v"]), out, what="attend(q, k, v) called twice in eval mode",
+                 hint="the same inputs gave different outputs: dropout is active in eval mode, where it must be "
+                      "the identity")
+    _matches_reference(out, f, "out", "attend output",
                        what="attend(q, k, v) for 3 heads of width 4, T = S = 7",
                        hint="softmax(q·kᵀ/√d_head + causal mask) @ v, for every batch row and head at once")
 
@@ -189,7 +193,8 @@ def test_model_logits_match_reference():
     model, f = _model()
     _matches_reference(model(f["ids"]), f, "logits", "GPTModel logits",
                        what="GPTModel logits (2 layers, V=40, D=12) for ids (2, 7)",
-                       hint="wte(ids) + wpe(T) → blocks → ln_f → @ wte.weight.T")
+                       hint="wte(ids) + wpe(T) → blocks → ln_f → @ wte.weight.T",
+                       locate=lambda: first_difference(model, load_fixture(LAB, "model_trace")))
 
 
 def test_model_handles_max_seq_len_tokens():

@@ -20,9 +20,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gptkit.checkpoints import GPT2Shape, random_gpt2_state
-from gptkit.testing import (assert_close, assert_float32, explains_errors, fixture_params, lab, load_fixture,
-                            raises_clearly, stored_diagnoses)
+from gptkit.checkpoints import GPT2Shape, gpt2_parameter_shapes, random_gpt2_state
+from gptkit.testing import (assert_close, assert_float32, explains_errors, first_in_order, fixture_params, lab,
+                            load_fixture, raises_clearly, stored_diagnoses)
 from gptkit.testing.parameters import set_parameters
 
 S = lab("training")
@@ -103,14 +103,25 @@ def _attention64(q, k, v):
     return _softmax64(s) @ v
 
 
-def _check_qkv_grads(grads, forward, q, k, v, dout, what, hint):
-    """dq, dk, dv of an attention backward against central differences of
-    sum(forward(q, k, v) · dout), each with respect to its own input."""
+QKV_HINTS = {  # dv first, then dq, then dk: each hint follows from the gradients that agreed before it
+    "v": "dv = weightsᵀ @ dout, so the weights differ from the forward's: recompute them exactly as the forward "
+         "did (scores q·kᵀ scaled by 1/√d_head, the causal mask, softmax)",
+    "q": "dv agrees, so the weights are right: dscores is the softmax backward of dout @ vᵀ, times the forward's "
+         "scale 1/√d_head, and dq = dscores @ k",
+    "k": "dv and dq agree, so dscores is right: the scores are q·kᵀ, so dk = dscoresᵀ @ q (the transpose: key j "
+         "collects from every query that attended to it)",
+}
+
+
+def _check_qkv_grads(grads, forward, q, k, v, dout, what, hint=None):
+    """dv, dq, dk of an attention backward against central differences of
+    sum(forward(q, k, v) · dout), each with respect to its own input; ``hint`` (else
+    ``QKV_HINTS``) for the first that disagrees."""
     __tracebackhide__ = True
     dq, dk, dv = grads
-    _check_grad(dq, _numeric(lambda a: (forward(a, k, v) * dout).sum(), q), what, "q", hint)
-    _check_grad(dk, _numeric(lambda a: (forward(q, a, v) * dout).sum(), k), what, "k", hint)
-    _check_grad(dv, _numeric(lambda a: (forward(q, k, a) * dout).sum(), v), what, "v", hint)
+    _check_grad(dv, _numeric(lambda a: (forward(q, k, a) * dout).sum(), v), what, "v", hint or QKV_HINTS["v"])
+    _check_grad(dq, _numeric(lambda a: (forward(a, k, v) * dout).sum(), q), what, "q", hint or QKV_HINTS["q"])
+    _check_grad(dk, _numeric(lambda a: (forward(q, a, v) * dout).sum(), k), what, "k", hint or QKV_HINTS["k"])
 
 
 def _set(model, name, value):
@@ -130,6 +141,13 @@ def _model(state, shape=SHAPE, dropout=0.0, float64=False):
         for name, value in state.items():
             _set(model, name, np.asarray(value, np.float64))
     return model
+
+
+def _backward_order(shape):
+    """Parameter names in the order backpropagation finishes their gradients: the final
+    LayerNorm first, the blocks from the last to the first (each from its MLP back to
+    ln_1), then the position and token embeddings (the tied head's sum completes last)."""
+    return list(reversed(gpt2_parameter_shapes(**shape.model_kwargs())))
 
 
 def _random_seeds(max_examples, *more):
@@ -160,16 +178,21 @@ def test_linear_backward_gradient_check(seed):
 def test_layernorm_backward_gradient_check(seed):
     rng = np.random.default_rng(seed)
     lead = tuple(rng.integers(1, 4, rng.integers(1, 3)))
-    D = int(rng.integers(2, 8))
+    D = int(rng.integers(3, 8))  # two features normalise to ±1 whatever x is: dx ≈ 0 and central differences are noise
     eps = float(rng.choice([1e-5, 1e-3, 0.1]))
     x = rng.normal(rng.normal(0, 2), rng.uniform(0.5, 3), (*lead, D))
     w, b, dout = rng.normal(1, 0.5, D), rng.normal(0, 0.5, D), rng.normal(0, 1, (*lead, D))
     what = f"layernorm_backward, x {x.shape}, eps={eps:g}"
     dx, dw, db = S.layernorm_backward(dout, x, w, eps)
+    # dbias, then dweight = Σ dout·x̂, then dx: each hint follows from what agreed before it
+    _check_grad(db, _numeric(lambda a: (_ln64(x, w, a, eps) * dout).sum(), b), what, "bias",
+                "dbias is dout summed over every leading position")
+    _check_grad(dw, _numeric(lambda a: (_ln64(x, a, b, eps) * dout).sum(), w), what, "weight (the gain)",
+                "dweight = Σ dout·x̂, so the x̂ your backward uses differs from the forward's: x̂ = (x − mean) / "
+                "√(var + eps), with the biased variance and eps inside the square root")
     _check_grad(dx, _numeric(lambda a: (_ln64(a, w, b, eps) * dout).sum(), x), what, "x",
-                "the row's mean and variance depend on every element: dx has the mean and variance terms")
-    _check_grad(dw, _numeric(lambda a: (_ln64(x, a, b, eps) * dout).sum(), w), what, "weight (the gain)")
-    _check_grad(db, _numeric(lambda a: (_ln64(x, w, a, eps) * dout).sum(), b), what, "bias")
+                "dweight agrees, so x̂ is right; the row's mean and variance depend on every element: dx has the "
+                "mean and variance terms, (dx̂ − mean(dx̂) − x̂·mean(dx̂·x̂)) / √(var + eps)")
 
 
 @_random_seeds(8)
@@ -223,10 +246,8 @@ def test_causal_attention_backward_gradient_check(seed):
     B, H, T, d = (int(n) for n in (rng.integers(1, 3), rng.integers(1, 3), rng.integers(2, 6), rng.choice([1, 4, 9])))
     q, k, v = (rng.normal(0, 1.5, (B, H, T, d)) for _ in range(3))
     dout = rng.normal(0, 1, (B, H, T, d))
-    hint = ("recompute the weights exactly as the forward did: scores q·kᵀ scaled by 1/√d_head, the causal mask, "
-            "softmax; then back through weights @ v, the softmax and the scale")
     _check_qkv_grads(S.causal_attention_backward(dout, q, k, v), _attention64, q, k, v, dout,
-                     f"causal_attention_backward, q/k/v {q.shape} (d_head = {d})", hint)
+                     f"causal_attention_backward, q/k/v {q.shape} (d_head = {d})")
 
 
 @_random_seeds(6)
@@ -324,10 +345,13 @@ def test_model_gradients_match_huggingface():
     assert isinstance(grads, dict) and sorted(grads) == sorted(expected), (
         f"loss_and_grads must return a gradient for every parameter under model.state_dict()'s names; missing: "
         f"{sorted(set(expected) - set(grads))[:5]}, unexpected: {sorted(set(grads) - set(expected))[:5]}")
-    for name in sorted(expected, key=lambda n: (n.count("."), n)):  # wte, wpe, ln_f first: the tied weight's sum
-        scale = float(np.abs(expected[name]).max())
+    tol = {name: 2e-5 * float(np.abs(g).max()) + 1e-7 for name, g in expected.items()}
+    backward = _backward_order(SHAPE)  # the first gradient that differs is where the backward pass first goes wrong
+    for name in backward:
         assert_close(grads[name], expected[name], what=f"the gradient of {name} vs HuggingFace's loss.backward()",
-                     atol=2e-5 * scale + 1e-7, rtol=1e-3, diagnoses=stored_diagnoses(f, f"grad.{name}"))
+                     atol=tol[name], rtol=1e-3, diagnoses=stored_diagnoses(f, f"grad.{name}"),
+                     locate=lambda: first_in_order(backward, grads, expected, what="in backward order", atol=tol,
+                                                   rtol=1e-3))
         assert_float32(grads[name], f"the gradient of {name}")
 
 

@@ -15,6 +15,10 @@ HuggingFace's logits and ``generate()`` tokens:
 - ``mha_tied``: 3 heads over 3 key/value heads, head tied to the embedding, eps 1e-5;
 - ``mqa_theta``: 4 query heads over 1 key/value head, ``rope_theta`` 500000.
 
+``<checkpoint>_trace``: every sub-layer's inputs and outputs in the reference model on the
+checkpoint's ``ids`` (``gptkit.testing.firstdiff``), so a failing logits test names the
+first sub-layer that differs.
+
 What each catalogued mistake outputs is stored beside the right answer for the cases its
 ``diagnose`` names (cases ``rope``, ``rmsnorm``, ``swiglu``, ``gqa`` and the checkpoints).
 """
@@ -26,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from gptkit.llama_checkpoints import LlamaShape, hf_llama, random_llama_state, saved_files
+from gptkit.testing.firstdiff import record_trace, trace_arrays
 from grader.fixtures import diagnoses
 
 NEEDS_TORCH = True
@@ -202,6 +207,18 @@ def _checkpoint_case(ll, name, rng):
         return {**case, **diagnoses(LAB, name, case, outputs, "llama")}
 
 
+def _trace_case(ll, case):
+    """Every sub-layer's inputs and outputs in the reference model on the checkpoint's
+    ``ids``: a failing logits test names the first sub-layer that differs."""
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "model.safetensors").write_bytes(case["model_safetensors"].tobytes())
+        (Path(tmp) / "config.json").write_bytes(case["config_json"].tobytes())
+        model = ll.load_llama(tmp)
+    with record_trace(model) as calls:
+        model(case["ids"])
+    return trace_arrays(calls)
+
+
 def build() -> dict[str, dict[str, np.ndarray]]:
     import llama as ll
 
@@ -210,4 +227,6 @@ def build() -> dict[str, dict[str, np.ndarray]]:
              "gqa": _gqa_case(ll, rng)}
     for name in SHAPES:
         cases[name] = _checkpoint_case(ll, name, rng)
+    for name in SHAPES:
+        cases[f"{name}_trace"] = _trace_case(ll, cases[name])
     return cases

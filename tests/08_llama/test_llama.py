@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from gptkit.state import state_diff
-from gptkit.testing import (assert_close, assert_float32, checkpoint_on_disk, explains_errors, fixture_params, lab,
-                            load_fixture, raises_clearly, stored_diagnoses)
+from gptkit.testing import (assert_close, assert_float32, checkpoint_on_disk, explains_errors, first_difference,
+                            first_in_order, fixture_params, lab, load_fixture, raises_clearly, stored_diagnoses)
 
 L = lab("llama")
 LAB = "08_llama"
@@ -37,6 +37,12 @@ def _set(layer, params, what):
                              + diff.describe(expected="expected", actual="yours", unexpected="unexpected"))
     layer.load_state_dict(params)
     return layer.eval()
+
+
+def _first_difference(model, case):
+    """For ``assert_close(locate=…)``: the first sub-layer of ``model`` whose output differs
+    from the reference's, each given the reference's inputs (fixture ``<case>_trace``)."""
+    return lambda: first_difference(model, load_fixture(LAB, f"{case}_trace"), atol=1e-4)
 
 
 def _gqa_model(rng_seed=0):
@@ -279,13 +285,13 @@ def test_load_llama_matches_huggingface_logits(tmp_path, case):
     logits = model(f["ids"])
     assert_float32(logits, "LlamaModel logits")
     assert_close(logits, f["logits"], what=f"logits vs LlamaForCausalLM ({ABOUT[case]})", atol=1e-4,
-                 diagnoses=stored_diagnoses(f, "logits"), hint=TRANSPOSE_HINT if case == "mha_tied" else ROPE_HINT)
+                 diagnoses=stored_diagnoses(f, "logits"), locate=_first_difference(model, case))
 
 
 def test_model_with_given_parameters_matches_huggingface():
     model, f = _gqa_model()
     assert_close(model(f["ids"]), f["logits"], what="LlamaModel with the checkpoint's parameters set by name",
-                 atol=1e-4, diagnoses=stored_diagnoses(f, "logits"),
+                 atol=1e-4, diagnoses=stored_diagnoses(f, "logits"), locate=_first_difference(model, "gqa_untied"),
                  hint="embed → blocks (RMSNorm, attention with RoPE, RMSNorm, SwiGLU, residuals) → norm → lm_head")
 
 
@@ -309,10 +315,18 @@ def test_cached_logits_equal_the_full_forward(tmp_path, case):
         parts.append(L.forward_with_cache(model, f["ids"][:, start : start + n], cache))
         start += n
     assert cache.length == start, f"cache.length should be {start} after {start} tokens, got {cache.length}"
+    bounds = np.cumsum([0, *f["chunks"].tolist()])
+    names = [f"chunk {i + 1} (positions {a}…{b - 1})" for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+    yours = dict(zip(names, parts))
+    expected = {name: f["cached_logits"][:, a:b] for name, a, b in zip(names, bounds, bounds[1:])}
+    first = first_in_order(names, yours, expected, what="logits", atol=1e-4)
+    hint = ("the first chunk goes into an empty cache: there forward_with_cache must give model(ids)'s logits"
+            if first and f"`{names[0]}`" in first.split(";")[0] else
+            "the chunks before agree, so what the cache carries over is wrong: new tokens sit at positions "
+            "cache.length …, attend to every cached key and value, and each key is rotated once, before it is stored")
     assert_close(np.concatenate(parts, axis=1), f["cached_logits"], atol=1e-4,
                  what=f"logits fed through the cache in chunks {f['chunks'].tolist()} ({ABOUT[case]})",
-                 diagnoses=stored_diagnoses(f, "cached_logits"),
-                 hint="the new tokens sit at positions cache.length …; rotate each key once, before it is stored")
+                 diagnoses=stored_diagnoses(f, "cached_logits"), locate=lambda: first, hint=hint)
 
 
 def test_cache_stores_rotated_keys():

@@ -4,7 +4,8 @@ Cases: ``masks`` (padding, lengths, encoder / cross-attention / decoder masks), 
 (one Attention layer as self- and cross-attention, a fully padded source row included),
 ``encoder_layer`` (post-norm, ReLU), ``decoder_layer`` (post-norm, GELU) and
 ``decoder_layer_pre`` (pre-norm), ``sinusoids``, ``model`` (a tiny random MarianMT: its
-logits on a padded batch, from HuggingFace), ``model_variants`` (separate embeddings,
+logits on a padded batch, from HuggingFace; ``model_trace``: every sub-layer's inputs and
+outputs in the reference on that batch), ``model_variants`` (separate embeddings,
 learned positions, pre-norm: the reference alone) and ``greedy`` (MarianMT's
 ``generate()`` tokens). Every parameter is random, LayerNorm gains and all biases too.
 
@@ -15,6 +16,7 @@ The cases ``masks``, ``encoder_layer``, ``decoder_layer``, ``decoder_layer_pre``
 
 import numpy as np
 
+from gptkit.testing.firstdiff import record_trace, trace_arrays
 from gptkit.testing.seq2seq import Seq2SeqShape, hf_marian, random_layer_state, random_seq2seq_state
 from grader.fixtures import diagnoses
 
@@ -122,6 +124,10 @@ def build() -> dict[str, dict[str, np.ndarray]]:
     case = {"src": src, "labels": labels, "tgt": tgt, "tgt_keep": tgt_keep, **_params(state)}
     case["logits"] = logits
     cases["model"] = {**case, **diagnoses(LAB, "model", case, model_logits, "seq2seq")}
+    traced = ref.EncoderDecoderModel(**SHAPE.model_kwargs(), rng=np.random.default_rng(0)).load_state_dict(state).eval()
+    with record_trace(traced) as calls:  # every sub-layer's inputs and outputs: a failing logits test names the first
+        traced(src, tgt, tgt_keep=tgt_keep)
+    cases["model_trace"] = trace_arrays(calls)
 
     # greedy decoding: MarianMT's generate() with an EOS that one row emits
     with torch.no_grad():

@@ -19,6 +19,8 @@ SHAPES = {
                                               num_heads=4, d_ff=48, max_seq_len=24, activation="gelu"),
     "8 heads, pad 3, eos 5": Seq2SeqShape(vocab_size=50, d_model=64, num_layers=2, num_heads=8, d_ff=64,
                                           max_seq_len=32, pad_id=3, eos_id=5),
+    "2 heads, swish (SiLU)": Seq2SeqShape(vocab_size=40, d_model=16, num_layers=2, num_heads=2, d_ff=24,
+                                          max_seq_len=24, activation="swish"),
 }
 
 

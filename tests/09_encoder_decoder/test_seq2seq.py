@@ -2,11 +2,12 @@
 encoder–decoder model (MarianMT's layout) and greedy decoding with cached cross-attention."""
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gptkit.testing import (assert_close, assert_float32, explains_errors, fixture_params, lab, load_fixture,
-                            raises_clearly, stored_diagnoses)
+from gptkit.testing import (assert_close, assert_float32, explains_errors, first_difference, fixture_params, lab,
+                            load_fixture, raises_clearly, stored_diagnoses)
 from gptkit.testing.parameters import set_parameters
 
 M = lab("seq2seq")
@@ -31,6 +32,25 @@ def _model(case="model", **kw):
     f = load_fixture(LAB, case)
     model = M.EncoderDecoderModel(**_model_kwargs(f), rng=np.random.default_rng(1), **kw)
     return set_parameters(model, fixture_params(f), "EncoderDecoderModel"), f
+
+
+def _second_call(run, model, what, case="model"):
+    """``run(model)`` on a model that has already run once. When it raises, the hint follows
+    from what a new model with the same parameters does with the same input: when that
+    works, the first call left state behind; when it fails too, it is the shapes."""
+    __tracebackhide__ = True
+    try:
+        return run(model)
+    except (NotImplementedError, AssertionError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the student's code on valid input
+        with explains_errors(f"{what}, on a new model", SHAPE_HINT):
+            run(_model(case)[0])
+        raise AssertionError(
+            f"{what} raised {type(exc).__name__}: {exc}, yet a new model with the same parameters takes that "
+            "input: state kept from the earlier call is reused (keys and values, a mask or a buffer stored on a "
+            "layer). Each call must use its own inputs only; what decoding may keep belongs in DecoderCache"
+        ) from exc
 
 
 def _decoder_layer(case="decoder_layer", activation="gelu", norm_first=False, dropout=0.0):
@@ -196,6 +216,25 @@ def test_decoder_layers_use_their_own_layernorms():
             "(self_attn_layer_norm, encoder_attn_layer_norm, final_layer_norm)")
 
 
+@pytest.mark.parametrize("name", ["swish", "silu"])
+def test_swish_encoder_layer_uses_silu(name):
+    """HuggingFace's MarianMT configs name SiLU "swish": the feed-forward is fc2(h·σ(h)), h = fc1(x), at
+    inputs large enough that a sigmoid, a tanh or ReLU in its place would differ."""
+    f = load_fixture(LAB, "encoder_layer")
+    rng = np.random.default_rng(5)
+    layer = set_parameters(M.EncoderLayer(D, H, F, activation=name, rng=rng),
+                           fixture_params(f), f"EncoderLayer(activation={name!r})")
+    x = rng.normal(0, 3, (2, 3, D)).astype(np.float32)
+    out = layer(x)
+    mid = layer.self_attn_layer_norm(x + layer.self_attn(x))  # post-norm: the first sub-layer, as your layer has it
+    h = mid.astype(np.float64) @ layer.fc1.weight + layer.fc1.bias
+    ff = (h / (1 + np.exp(-h))) @ layer.fc2.weight + layer.fc2.bias
+    expected = layer.final_layer_norm(mid + ff.astype(np.float32))
+    assert_close(out, expected, what=f"EncoderLayer(activation={name!r}) on x (2, 3, {D})", atol=1e-4,
+                 hint="swish and silu are both x·σ(x), between fc1 and fc2")
+    assert_float32(out, f"EncoderLayer(activation={name!r}) output")
+
+
 def test_dropout_only_while_training():
     layer, f = _decoder_layer(dropout=0.3)
     args = (f["x"], f["memory"], M.decoder_mask(f["tgt_keep"]), M.cross_attention_mask(f["src_keep"], 4))
@@ -229,6 +268,7 @@ def test_model_logits_match_marian():
         logits = model(f["src"], f["tgt"], tgt_keep=f["tgt_keep"])
     assert_close(logits, f["logits"], what="logits vs HuggingFace MarianMTModel (stored), padded source and target",
                  atol=1e-4, rtol=1e-4, diagnoses=stored_diagnoses(f, "logits"),
+                 locate=lambda: first_difference(model, load_fixture(LAB, "model_trace"), atol=1e-4),
                  hint="embed (tokens·√D + Marian's sinusoids) → encoder → decoder (causal self-attention, "
                       "cross-attention over the real source tokens) → @ shared.weight.T + final_logits_bias")
     assert_float32(logits, "EncoderDecoderModel logits")
@@ -262,8 +302,9 @@ def test_more_source_padding_changes_nothing(extra):
     src = f["src"]
     logits = model(src, f["tgt"])
     longer = np.concatenate([src, np.full((src.shape[0], extra), PAD)], axis=1)
-    with explains_errors(f"EncoderDecoderModel on the source with {extra} more padding columns", SHAPE_HINT):
-        got = model(longer, f["tgt"])
+    got = _second_call(lambda m: m(longer, f["tgt"]), model,
+                       f"EncoderDecoderModel on the source with {extra} more padding columns, after a call on the "
+                       "source without them")
     assert_close(got, logits, what=f"logits with {extra} more source padding columns", atol=1e-4,
                  hint="extending the source padding changed the output: padded source positions must be "
                       "masked in the encoder and in the cross-attention")

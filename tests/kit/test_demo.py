@@ -40,3 +40,20 @@ def test_demo_explains_missing_weights_and_bad_ids(tmp_path):
     assert out.returncode == 1 and "config.json" in out.stderr and "Traceback" not in out.stderr, out.stderr
     out = _demo("--random", "--ids", "one,two", "--impl", "solutions")
     assert out.returncode == 2 and "--ids must be comma-separated integers" in out.stderr, out.stderr
+
+
+def test_demo_translates_with_a_marian_checkpoint(tmp_path):
+    """--marian: a MarianMT checkpoint (here a tiny random one with swish (SiLU) and
+    scaled embeddings) in the lab-09 model, token ids in and out; needs the torch extra."""
+    from gptkit.testing.seq2seq import Seq2SeqShape, hf_marian, random_seq2seq_state
+    from gptkit.testing.torchref import torch_or_skip
+
+    torch_or_skip()
+    shape = Seq2SeqShape(vocab_size=30, d_model=16, num_layers=1, num_heads=2, d_ff=24, max_seq_len=16,
+                         activation="swish")
+    hf_marian(random_seq2seq_state(shape, np.random.default_rng(0)), shape).save_pretrained(tmp_path / "marian")
+    out = _demo("--marian", str(tmp_path / "marian"), "--ids", "5,6,7", "--tokens", "4", "--impl", "solutions")
+    assert out.returncode == 0, out.stderr
+    assert "activation 'swish'" in out.stdout and "translated ids:" in out.stdout, out.stdout
+    out = _demo("--marian", str(tmp_path / "marian"), "--impl", "solutions")  # no tokenizer files there
+    assert out.returncode != 0 and "--ids" in out.stdout + out.stderr, out.stdout + out.stderr

@@ -69,3 +69,25 @@ def test_lab_selection_by_number_or_name():
     assert selected("03_layernorm_ffn", None) and selected("03_layernorm_ffn", [])
     assert selected("03_layernorm_ffn", ["01", "03"]) and selected("03_layernorm_ffn", ["03_layernorm_ffn"])
     assert not selected("03_layernorm_ffn", ["01", "02_embeddings"])
+
+
+def test_concept_tests_run_before_the_live_comparisons():
+    """Under -x the first failure is a lab's own test whenever one fails: each lab's
+    tests stay together (hidden beside public), torch-marked tests last within the lab."""
+    from types import SimpleNamespace
+
+    from gptkit.testing.layout import concept_tests_first
+
+    def item(nodeid, torch=False):
+        return SimpleNamespace(nodeid=nodeid, fspath=nodeid.split("::")[0],
+                               get_closest_marker=lambda name: object() if torch and name == "torch" else None)
+
+    collected = [item("tests/08_llama/test_huggingface_live.py::a", torch=True),
+                 item("tests/08_llama/test_llama.py::b"), item("tests/08_llama/test_llama.py::c"),
+                 item("tests/09_encoder_decoder/test_huggingface_live.py::d", torch=True),
+                 item("tests/09_encoder_decoder/test_seq2seq.py::e"),
+                 item("tests/grader/test_batch.py::f"),
+                 item("tests/hidden/08_llama/test_hidden_llama.py::g"),
+                 item("tests/kit/test_layout.py::h")]
+    order = [i.nodeid.rsplit("::", 1)[1] for i in concept_tests_first(collected)]
+    assert order == ["b", "c", "g", "a", "e", "d", "f", "h"]
