@@ -9,6 +9,8 @@ offline from the kit's GPT-2 files) and by the reference trainer.
 - ``train_sample`` / ``train_ties``: the reference trainer's merges on a Shakespeare
   sample with ``<|endoftext|>`` between its parts, and on a corpus of short random words
   over four letters, where most steps are decided by the tie-break.
+- ``train_corpus``: its 1,000 merges on lab 07's whole corpus (the corpus itself is not
+  stored: the live test reads it).
 """
 
 import numpy as np
@@ -86,4 +88,5 @@ def build() -> dict[str, dict[str, np.ndarray]]:
         "gpt2_hard": _gpt2_hard(tok),
         "train_sample": _train_case(tok, sample, 256 + 1 + 300, [ENDOFTEXT]),
         "train_ties": _train_case(tok, ties, 256 + 60, []),
+        "train_corpus": {k: v for k, v in _train_case(tok, corpus, 256 + 1 + 1000, [ENDOFTEXT]).items() if k != "text"},
     }
