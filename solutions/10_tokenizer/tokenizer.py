@@ -105,19 +105,11 @@ def merge_word(word: list[int], pair: tuple[int, int], new_id: int) -> list[int]
 
 # -- training ---------------------------------------------------------------------------------
 
-class _GreatestFirst:
-    """A sort key that orders its value in reverse, for ``heapq`` (which pops the smallest)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value):
-        self.value = value
-
-    def __lt__(self, other: "_GreatestFirst") -> bool:
-        return self.value > other.value
-
-    def __eq__(self, other) -> bool:
-        return self.value == other.value
+def _greatest_first(token: bytes) -> tuple[int, ...]:
+    """A sort key that orders byte strings greatest first, for ``heapq`` (which pops the
+    smallest): the bytes negated, then 1, so that a string sorts after the longer strings
+    it begins (``b"ab"`` is greater than ``b"a"`` and must come first)."""
+    return (*(-c for c in token), 1)
 
 
 def train_bpe(text: str, vocab_size: int, special_tokens: Iterable[str] = ()) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
@@ -169,12 +161,12 @@ def train_bpe(text: str, vocab_size: int, special_tokens: Iterable[str] = ()) ->
             where[pair].add(i)
 
     def entry(pair):  # the heap pops the highest count, then the greatest bytes
-        return (-pair_counts[pair], _GreatestFirst((vocab[pair[0]], vocab[pair[1]])), pair)
+        return (-pair_counts[pair], _greatest_first(vocab[pair[0]]), _greatest_first(vocab[pair[1]]), pair)
 
     heap = [entry(pair) for pair in pair_counts]
     heapq.heapify(heap)
     while len(merges) < n_merges and heap:
-        neg_count, _, pair = heapq.heappop(heap)
+        neg_count, _, _, pair = heapq.heappop(heap)
         if pair_counts.get(pair, 0) != -neg_count:
             continue  # stale: this pair's count changed since the entry was pushed
         new_id = 256 + len(merges)

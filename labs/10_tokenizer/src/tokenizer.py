@@ -83,19 +83,11 @@ def merge_word(word: list[int], pair: tuple[int, int], new_id: int) -> list[int]
 
 # -- training ---------------------------------------------------------------------------------
 
-class _GreatestFirst:
-    """A sort key that orders its value in reverse, for ``heapq`` (which pops the smallest)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value):
-        self.value = value
-
-    def __lt__(self, other: "_GreatestFirst") -> bool:
-        return self.value > other.value
-
-    def __eq__(self, other) -> bool:
-        return self.value == other.value
+def _greatest_first(token: bytes) -> tuple[int, ...]:
+    """A sort key that orders byte strings greatest first, for ``heapq`` (which pops the
+    smallest): the bytes negated, then 1, so that a string sorts after the longer strings
+    it begins (``b"ab"`` is greater than ``b"a"`` and must come first)."""
+    return (*(-c for c in token), 1)
 
 
 def train_bpe(text: str, vocab_size: int, special_tokens: Iterable[str] = ()) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
