@@ -120,15 +120,23 @@ def test_byte_map_is_one_to_one():
 # --- pre-tokens ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("text, expected, concept", [
-    pytest.param("hello world", ["hello", " world"], "a space joins the word after it (the optional space before \\p{L}+)", id="space-joins-word"),
+    pytest.param("hello world", ["hello", " world"],
+                 "a space joins the word after it (the optional space before \\p{L}+)", id="space-joins-word"),
     pytest.param("a   b", ["a", "  ", " b"],
-     "a whitespace run before a word leaves its last space to the word (\\s+(?!\\S) before \\s+)", id="whitespace-run-before-word"),
-    pytest.param("end  \n", ["end", "  \n"], "a whitespace run at the end stays whole (\\s+(?!\\S))", id="whitespace-run-at-end"),
-    pytest.param("I'll don't", ["I", "'ll", " don", "'t"], "contractions are pre-tokens of their own ('s 't 're 've 'm 'll 'd)", id="contractions"),
-    pytest.param("I'LL", ["I", "'", "LL"], "GPT-2's contractions are lowercase only: 'LL is punctuation then letters", id="contractions-lowercase"),
-    pytest.param("abc123 4.5", ["abc", "123", " 4", ".", "5"], "digits are a run of their own, apart from letters (\\p{N}+)", id="digits"),
-    pytest.param("café naïve 日本", ["café", " naïve", " 日本"], "letters are Unicode letters (\\p{L}), not only a–z", id="unicode-letters"),
-    pytest.param("x!!?? (y)", ["x", "!!??", " (", "y", ")"], "a run of punctuation is one pre-token, with an optional space before it", id="punctuation"),
+                 "a whitespace run before a word leaves its last space to the word (\\s+(?!\\S) before \\s+)",
+                 id="whitespace-run-before-word"),
+    pytest.param("end  \n", ["end", "  \n"], "a whitespace run at the end stays whole (\\s+(?!\\S))",
+                 id="whitespace-run-at-end"),
+    pytest.param("I'll don't", ["I", "'ll", " don", "'t"],
+                 "contractions are pre-tokens of their own ('s 't 're 've 'm 'll 'd)", id="contractions"),
+    pytest.param("I'LL", ["I", "'", "LL"],
+                 "GPT-2's contractions are lowercase only: 'LL is punctuation then letters", id="contractions-lowercase"),
+    pytest.param("abc123 4.5", ["abc", "123", " 4", ".", "5"],
+                 "digits are a run of their own, apart from letters (\\p{N}+)", id="digits"),
+    pytest.param("café naïve 日本", ["café", " naïve", " 日本"],
+                 "letters are Unicode letters (\\p{L}), not only a–z", id="unicode-letters"),
+    pytest.param("x!!?? (y)", ["x", "!!??", " (", "y", ")"],
+                 "a run of punctuation is one pre-token, with an optional space before it", id="punctuation"),
 ])
 def test_pretokenize_follows_gpt2s_pattern(text, expected, concept):
     got = list(T.pretokenize(text))
