@@ -174,7 +174,9 @@ def test_split_on_special_longer_special_token_wins():
 
 
 def test_split_on_special_takes_special_tokens_literally():
-    got = list(T.split_on_special("a|b.c[d]", ["|", ".c["]))
+    with explains_errors("split_on_special('a|b.c[d]', ['|', '.c['])",
+                         "a special token is literal text: escape it before it goes into a pattern"):
+        got = list(T.split_on_special("a|b.c[d]", ["|", ".c["]))
     assert got == ["a", "|", "b", ".c[", "d]"], \
         f"split_on_special('a|b.c[d]', ['|', '.c[']): expected ['a', '|', 'b', '.c[', 'd]'], got {got}: a special " \
         "token is literal text (escape it before it goes into a pattern)"
@@ -276,17 +278,22 @@ def test_train_bpe_lays_the_vocabulary_out_as_gpt2():
         T.train_bpe("abc", 256, [EOT])
 
 
+RECOUNT = ("After each merge the pair counts must be those of a recount from scratch: the words that held the "
+           "pair lose their old pairs' counts and gain their new ones")
+
+
 def test_train_bpe_matches_the_reference_on_a_sample():
     f = load_fixture(LAB, "train_sample")
-    _, merges = T.train_bpe(str(f["text"]), int(f["vocab_size"]), [str(s) for s in f["specials"]])
-    _assert_merges(merges, _stored_merges(f), "train_bpe on a Shakespeare sample (vocab_size 557, <|endoftext|>)",
-                   "After each merge the pair counts must be those of a recount from scratch: the words that held "
-                   "the pair lose their old pairs' counts and gain their new ones")
+    what = "train_bpe on a Shakespeare sample (vocab_size 557, <|endoftext|>)"
+    with explains_errors(what, RECOUNT):
+        _, merges = T.train_bpe(str(f["text"]), int(f["vocab_size"]), [str(s) for s in f["specials"]])
+    _assert_merges(merges, _stored_merges(f), what, RECOUNT)
 
 
 def test_train_bpe_matches_the_reference_where_ties_decide():
     f = load_fixture(LAB, "train_ties")
-    _, merges = T.train_bpe(str(f["text"]), int(f["vocab_size"]), [])
+    with explains_errors("train_bpe on random words over four letters", RECOUNT):
+        _, merges = T.train_bpe(str(f["text"]), int(f["vocab_size"]), [])
     _assert_merges(merges, _stored_merges(f), "train_bpe on random words over four letters (many equal counts)",
                    "Most of these merges are decided by the tie-break (the greatest pair by bytes), and the pair "
                    "counts after each merge must equal a recount")
@@ -381,6 +388,16 @@ def test_encode_iterable_of_lines_equals_encode():
                 "The ids of the lines streamed must be those of the whole text: a whitespace run or a special "
                 "token can span the end of a chunk")
     assert list(gpt2.encode_iterable([])) == [], "encode_iterable of no lines must yield nothing"
+
+
+def test_encode_iterable_encodes_held_back_pre_tokens_as_found():
+    gpt2 = _gpt2()
+    # The second chunk makes "word", "\n", "\n" certain but not the long word after them.
+    chunks = ["word\n\nsupercal", "ifragilistic and more"]
+    got = list(gpt2.encode_iterable(chunks))
+    _assert_ids(got, list(gpt2.encode("".join(chunks))), f"encode_iterable of the chunks {chunks} (GPT-2)",
+                "Encode each certain pre-token as found: re-encoding the certain text as a string joins its last "
+                "whitespace run up differently ('\\n\\n' at the end of a text is one pre-token, before a word two)")
 
 
 # --- GPT-2's own tokenizer -------------------------------------------------------------------------
