@@ -9,7 +9,8 @@ modules, a student file may import these names from ``gptkit`` (``from gptkit im
 
 Nothing here contains lab answers. The rest of the package is the kit's own, not for
 student code: ``gptkit.testing`` (what the tests use), ``gptkit.checkpoints`` (GPT-2
-checkpoint files for the tests, the demo and the benchmarks) and the commands
+checkpoint files for the tests, the demo and the benchmarks), ``gptkit.data`` (GPT-2's
+tokenizer files, which lab 10 reads from paths its tests and the commands pass) and the commands
 ``gptkit.demo`` and ``gptkit.train`` (with what they share, ``gptkit.command``).
 """
 

@@ -1,7 +1,8 @@
 """What the kit's commands for students (``gptkit.demo``, ``gptkit.train``) share: they
 run on the implementation tree that ``--impl`` names, they fail in one line that says
-what to do, never with a traceback, and they keep freed memory for reuse
-(``keep_freed_memory``, also used by the benchmarks)."""
+what to do, never with a traceback, they keep freed memory for reuse
+(``keep_freed_memory``, also used by the benchmarks), and they read text through that
+tree's lab 10 tokenizer (``lab_gpt2_tokenizer``)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,19 @@ def use_impl(impl: str) -> None:
         bind_tree(resolve_impl(impl))
     except ValueError as exc:
         raise CommandError(f"--impl={impl}: {exc}") from None
+
+
+def lab_gpt2_tokenizer():
+    """GPT-2's tokenizer as lab 10 of the tree ``use_impl`` bound builds it (the student's
+    ``Tokenizer.from_gpt2_files`` by default) from the GPT-2 files the kit ships: text in
+    and out with no network and no ``transformers``."""
+    from gptkit.data import gpt2_files
+
+    try:
+        import tokenizer  # lab 10's module, from the tree use_impl put on sys.path
+    except ImportError as exc:
+        raise CommandError(f"no lab 10 tokenizer in this tree ({exc}): give token ids with --ids") from None
+    return tokenizer.Tokenizer.from_gpt2_files(*gpt2_files())
 
 
 def run_command(prog: str, run: Callable[[], int], *, also: tuple[type[Exception], ...] = (),

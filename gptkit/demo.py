@@ -4,12 +4,13 @@ your lab-05 reader) and generate greedily.
     uv run python -m gptkit.demo                         # real GPT-2 small, if on this machine
     uv run python -m gptkit.demo PATH --prompt "The dog" # a checkpoint folder, text in and out
     uv run python -m gptkit.demo PATH --ids 464,3290     # token ids in and out (no tokenizer needed)
-    uv run python -m gptkit.demo --random --ids 1,2,3    # a small random checkpoint: no download at all
-    uv run python -m gptkit.demo --marian [PATH] --prompt "Hello"  # translate with your lab-09 model
+    uv run python -m gptkit.demo --random --prompt "To be"  # a small random checkpoint: no download at all
+    uv run python -m gptkit.demo --marian [PATH] --ids 5,9  # translate with your lab-09 model
 
-Text needs a GPT-2 tokenizer on this machine (``transformers`` from the torch extra and
-the tokenizer files in the checkpoint folder); otherwise use ``--ids``. ``--impl
-solutions`` runs the reference code instead of yours (instructors).
+Text goes in and out through *your* lab 10 tokenizer, reading GPT-2's vocabulary and
+merges that the kit ships (``gptkit/data/gpt2``): no network, no ``transformers``. Until
+lab 10 is done, use ``--ids``. ``--impl solutions`` runs the reference code instead of
+yours (instructors, or to try the demo before your labs are finished).
 
 ``--marian`` loads a MarianMT (opus-mt) checkpoint into *your* lab-09 EncoderDecoderModel and
 translates greedily. Reading its weights needs the torch extra; text needs MarianTokenizer,
@@ -28,21 +29,10 @@ from pathlib import Path
 import numpy as np
 
 from gptkit.checkpoints import HOW_TO_GET_GPT2, GPT2Shape, find_real_gpt2, random_gpt2_state, write_checkpoint
-from gptkit.command import CommandError, run_command, use_impl
+from gptkit.command import CommandError, lab_gpt2_tokenizer, run_command, use_impl
 
-SMALL_RANDOM = GPT2Shape(vocab_size=512, d_model=64, num_layers=2, num_heads=4, max_seq_len=64)
-
-
-def _tokenizer(folder: Path):
-    """A GPT-2 tokenizer from the checkpoint folder, or None."""
-    has_files = (folder / "tokenizer.json").is_file() or (folder / "vocab.json").is_file()
-    if not has_files:
-        return None
-    try:
-        from transformers import AutoTokenizer
-    except ImportError:
-        return None
-    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+# GPT-2's vocabulary, so that the ids of GPT-2's tokenizer fit; small otherwise.
+SMALL_RANDOM = GPT2Shape(vocab_size=50257, d_model=64, num_layers=2, num_heads=4, max_seq_len=64)
 
 
 def _parse_ids(text: str) -> np.ndarray:
@@ -63,8 +53,9 @@ def run(args) -> int:
         if args.random:
             folder = write_checkpoint(Path(tmp) / "random-gpt2", random_gpt2_state(SMALL_RANDOM, np.random.default_rng(0)),
                                       SMALL_RANDOM)
-            print(f"a random GPT-2 ({SMALL_RANDOM.num_layers} layers, {SMALL_RANDOM.d_model} wide, vocabulary "
-                  f"{SMALL_RANDOM.vocab_size}): its tokens mean nothing, but every lab's code runs")
+            print(f"a random GPT-2 ({SMALL_RANDOM.num_layers} layers, {SMALL_RANDOM.d_model} wide, GPT-2's vocabulary "
+                  f"of {SMALL_RANDOM.vocab_size}): its weights are random, so the text it generates is gibberish, "
+                  "but every lab's code runs")
         else:
             folder = Path(args.checkpoint) if args.checkpoint else find_real_gpt2()
             if folder is None:
@@ -73,14 +64,19 @@ def run(args) -> int:
         model = gpt2_weights.load_gpt2(folder)
         print(f"loaded {'the random checkpoint' if args.random else folder} into your GPTModel in {time.perf_counter() - start:.1f} s "
               f"({model.num_parameters() / 1e6:.1f}M parameters)")
-        tok = None if args.random else _tokenizer(Path(folder))
+        tok = None
         if args.ids:
             ids = _parse_ids(args.ids)
-        elif tok is not None:
-            ids = np.array([tok.encode(args.prompt)], dtype=np.int64)
         else:
-            raise CommandError("no GPT-2 tokenizer here (it needs `uv sync --extra torch` and the tokenizer files "
-                               "in the checkpoint folder): give token ids with --ids, e.g. --ids 464,3290")
+            tok = lab_gpt2_tokenizer()
+            ids = np.array([tok.encode(args.prompt)], dtype=np.int64)
+            if ids.size == 0:
+                raise CommandError("--prompt is empty: give some text to continue")
+            print(f"prompt {args.prompt!r} → {ids.shape[1]} tokens through your tokenizer: {ids[0].tolist()} → "
+                  f"{tok.decode(ids[0].tolist())!r}")
+            if int(ids.max()) >= model.vocab_size:
+                raise CommandError(f"the prompt has token id {int(ids.max())}, past this model's vocabulary of "
+                                   f"{model.vocab_size}: GPT-2's tokenizer needs a GPT-2 vocabulary")
         n = min(args.tokens, model.max_seq_len - ids.shape[1])
         start = time.perf_counter()
         out = gpt2_weights.generate_greedy(model, ids, n)
@@ -88,7 +84,7 @@ def run(args) -> int:
     print(f"prompt ids:    {ids[0].tolist()}")
     print(f"generated ids: {out[0, ids.shape[1]:].tolist()}")
     if tok is not None:
-        print(f"text: {tok.decode(out[0].tolist())!r}")
+        print(f"text: {tok.decode(out[0].tolist())!r}" + ("  (random weights: gibberish)" if args.random else ""))
     print(f"{n} tokens in {seconds:.2f} s ({n / seconds if seconds else 0:.1f} tokens/s, greedy, no KV cache)")
     return 0
 
@@ -142,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gptkit.demo", description=__doc__.split("\n\n")[0])
     p.add_argument("checkpoint", nargs="?", help="a folder with config.json and model.safetensors "
                                                  "(default: real GPT-2 small from $GPT2_DIR or the HuggingFace cache)")
-    p.add_argument("--prompt", default="The dog", help="text to continue (needs a tokenizer)")
+    p.add_argument("--prompt", default="The dog", help="text to continue (through your lab 10 tokenizer)")
     p.add_argument("--ids", help="token ids to continue, e.g. 464,3290 (no tokenizer needed)")
     p.add_argument("--tokens", type=int, default=20, help="how many tokens to generate (default 20)")
     p.add_argument("--random", action="store_true", help="use a small random checkpoint instead of real weights")

@@ -4,6 +4,7 @@ your lab 06 sampler.
 
     uv run python -m gptkit.train                       # your code, the default settings (below)
     uv run python -m gptkit.train --steps 200           # a short run
+    uv run python -m gptkit.train --tokenizer bpe --vocab-size 512   # BPE tokens from your lab 10
     uv run python -m gptkit.train --resume              # go on from runs/shakespeare's checkpoint
     uv run python -m gptkit.train --impl solutions      # the reference code (instructors)
 
@@ -16,6 +17,13 @@ batches each time) and writes a checkpoint to ``--out``: ``model.safetensors`` a
 (AdamW's moments and step) and ``history.json``. Batches are drawn from a generator seeded
 with (seed, step), so a resumed run sees the batches an uninterrupted one would have.
 With matplotlib installed (``uv sync --extra plot``) it also draws ``loss.png``.
+
+Tokens: characters (lab 07's ``CharTokenizer``), or with ``--tokenizer bpe`` byte-level
+BPE from lab 10: ``train_bpe`` learns ``--vocab-size`` tokens on the training part of the
+text (the first 90 %, the part the model trains on), and ``Tokenizer`` encodes it all. A
+loss per token depends on what a token is, so the validation loss is also reported in
+bits per byte (nats per token / ln 2 / the validation text's bytes per token): that
+number compares a character run with a BPE run.
 
 Threads: the environment sets NumPy's BLAS threads (``OMP_NUM_THREADS=2 uv run python -m
 …``), and with more than one the trainer splits each batch by rows into that many shards,
@@ -91,7 +99,7 @@ def _plot(out: Path, history: list) -> str:
     if val:
         ax.plot(*zip(*val), "o-", label="validation")
     ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats per character)")
+    ax.set_ylabel("cross-entropy (nats per token)")
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -100,9 +108,35 @@ def _plot(out: Path, history: list) -> str:
     return f"loss curve: {out / 'loss.png'}"
 
 
+def make_tokenizer(args, text: str, tr):
+    """The run's tokenizer: lab 07's characters, or lab 10's BPE trained on the text's first
+    90 % (the training part; the validation part is its last 10 %)."""
+    if args.tokenizer == "char":
+        return tr.CharTokenizer(text)
+    if args.vocab_size < 257:
+        raise CommandError(f"--vocab-size must be at least 257 (the 256 bytes and one merge), got {args.vocab_size}")
+    import tokenizer as bpe  # lab 10
+
+    start = time.perf_counter()
+    vocab, merges = bpe.train_bpe(text[:int(0.9 * len(text))], args.vocab_size)
+    tok = bpe.Tokenizer(vocab, merges)
+    print(f"tokenizer: byte-level BPE from your lab 10, {len(merges)} merges learned on the training text in "
+          f"{time.perf_counter() - start:.1f} s")
+    return tok
+
+
+def bytes_per_token(tok, ids) -> float:
+    """UTF-8 bytes of text per token in ``ids`` (what turns nats per token into bits per byte)."""
+    return len(tok.decode([int(i) for i in ids]).encode("utf-8")) / max(len(ids), 1)
+
+
+def bits_per_byte(loss: float, per_token: float) -> float:
+    return loss / np.log(2) / per_token
+
+
 def sample(model, tok, gen, *, prompt: str, n: int, temperature: float, top_k: int | None,
            rng: np.random.Generator) -> str:
-    """``n`` characters after ``prompt``, one at a time with lab 06's ``sample_next``; the
+    """``n`` tokens (characters, or BPE tokens) after ``prompt``, one at a time with lab 06's ``sample_next``; the
     context slides once it fills the model's ``max_seq_len`` positions."""
     ids = list(tok.encode(prompt))
     for _ in range(n):
@@ -120,10 +154,12 @@ def run(args) -> int:
     import training as tr  # lab 07
 
     text = Path(args.data).read_text(encoding="utf-8")
-    tok = tr.CharTokenizer(text)
-    train, val = tr.train_val_split(tok.encode(text), 0.1)
+    tok = make_tokenizer(args, text, tr)
+    train, val = tr.train_val_split(np.asarray(tok.encode(text), dtype=np.int64), 0.1)
+    val_bytes_per_token = bytes_per_token(tok, val)
+    unit = "characters" if args.tokenizer == "char" else "tokens"
     print(f"corpus: {Path(args.data).name}, {len(text):,} characters, vocabulary {tok.vocab_size}; "
-          f"{len(train):,} for training, {len(val):,} for validation")
+          f"{len(train):,} {unit} for training, {len(val):,} for validation ({val_bytes_per_token:.2f} bytes each)")
     model = gpt.GPTModel(tok.vocab_size, args.d_model, args.layers, args.heads, 4 * args.d_model, args.block_size,
                          dropout=args.dropout, rng=np.random.default_rng(args.seed))
     model.train()
@@ -172,8 +208,10 @@ def run(args) -> int:
         entry = {"step": step + 1, "train": smooth}
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             entry["val"] = evaluate()
-            print(f"\nstep {step + 1}: train loss {smooth:.4f}, validation loss {entry['val']:.4f}, "
-                  f"{tokens / clock:,.0f} tokens/s in the training steps, {elapsed:.0f} s so far", flush=True)
+            entry["val_bpb"] = bits_per_byte(entry["val"], val_bytes_per_token)
+            print(f"\nstep {step + 1}: train loss {smooth:.4f}, validation loss {entry['val']:.4f} "
+                  f"({entry['val_bpb']:.3f} bits per byte), {tokens / clock:,.0f} tokens/s in the training steps, "
+                  f"{elapsed:.0f} s so far", flush=True)
             history.append(entry)
             _save(out, tr, model, opt, step + 1, history)
         elif (step + 1) % 10 == 0:
@@ -191,7 +229,7 @@ def run(args) -> int:
     rng = np.random.default_rng(args.seed + 2)
     for i in range(args.samples):
         print(f"\n--- sample {i + 1} (temperature {args.temperature}, top-k {args.top_k}) ---")
-        print(sample(model, tok, generation, prompt="\n", n=args.sample_chars, temperature=args.temperature,
+        print(sample(model, tok, generation, prompt="\n", n=args.sample_tokens, temperature=args.temperature,
                      top_k=args.top_k, rng=rng).strip())
     return 0
 
@@ -200,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gptkit.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--impl", default="labs", help="whose code: labs (yours, default), solutions, or a path")
     p.add_argument("--data", default=str(CORPUS), help="a text file (default: the kit's Shakespeare)")
+    p.add_argument("--tokenizer", choices=("char", "bpe"), default="char",
+                   help="characters (lab 07, default) or byte-level BPE trained with your lab 10")
+    p.add_argument("--vocab-size", type=int, default=512, help="BPE's vocabulary size (default 512)")
     p.add_argument("--out", default="runs/shakespeare", help="the checkpoint folder (default runs/shakespeare)")
     p.add_argument("--resume", action="store_true", help="go on from the checkpoint in --out")
     p.add_argument("--steps", type=int, default=2000)
@@ -218,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-iters", type=int, default=20)
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--samples", type=int, default=2, help="samples printed at the end")
-    p.add_argument("--sample-chars", type=int, default=300)
+    p.add_argument("--sample-tokens", "--sample-chars", type=int, default=300,
+                   help="tokens per sample (characters with --tokenizer char)")
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--workers", type=int, default=0,

@@ -43,6 +43,7 @@ import importlib
 import io
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import tokenize
@@ -228,6 +229,9 @@ def import_with_bug(bug: Bug, module: str, solutions: Path = KIT_ROOT / "solutio
             sys.path[:], sys.dont_write_bytecode = path, no_bytecode
 
 
+BUG_SECONDS = 600  # one bug's run of its lab's tests
+
+
 def check_bug(bug: Bug, solutions: Path = KIT_ROOT / "solutions", live: bool = True) -> BugResult:
     """Run the lab's tests on the solutions with ``bug`` in them, stopping at the first
     failure (``-x``), as a student runs them: the first failure must name the mistake (an
@@ -243,9 +247,13 @@ def check_bug(bug: Bug, solutions: Path = KIT_ROOT / "solutions", live: bool = T
     marker = f"lab{bug.lab[:2]}" + ("" if live else " and not torch")
     try:
         with bugged_tree(bug, solutions) as tree:
-            _, results, output = run_pytest(tree, marker, args=["-x"])
+            _, results, output = run_pytest(tree, marker, args=["-x"], timeout=BUG_SECONDS)
     except CatalogueError as exc:
         result.error = str(exc)
+        return result
+    except subprocess.TimeoutExpired:  # one bug's hang is that bug's report, not the end of the catalogue
+        result.error = (f"the tests ran past {BUG_SECONDS} s with this bug (a test hangs on it): make a test "
+                        "fail on it before any test can loop")
         return result
     if not results:
         result.error = "the tests did not run:\n" + output[-2000:]

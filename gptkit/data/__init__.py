@@ -1,0 +1,13 @@
+"""Data the kit ships: GPT-2's tokenizer files (see ``gpt2/README.md`` and ``gpt2/LICENSE``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+GPT2_DIR = Path(__file__).resolve().parent / "gpt2"
+ENDOFTEXT = "<|endoftext|>"
+
+
+def gpt2_files() -> tuple[Path, Path]:
+    """``(vocab.json, merges.txt)`` of GPT-2's byte-level BPE, as shipped with the kit."""
+    return GPT2_DIR / "vocab.json", GPT2_DIR / "merges.txt"
