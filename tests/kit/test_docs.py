@@ -231,6 +231,8 @@ RUN_BY = {
     "uv sync --extra torch": ".ci/run",
     "uv run grader similarity grading": "tests/grader/test_similarity.py::test_the_command_writes_beside_a_grading",
     "uv run python -m gptkit.demo --random --ids 1,2,3": "tests/kit/test_demo.py::test_demo_runs_without_any_weights",
+    'uv run python -m gptkit.demo --random --prompt "To be, or not to be"':
+        "tests/kit/test_text_wiring.py::test_demo_prompt_goes_through_the_lab_tokenizer_without_transformers",
     "uv run pytest --impl=solutions": ".ci/run",
     "uv run grader grade examples/submissions -o grading": "tests/grader/test_batch.py::test_batch_outputs_cover_every_student",
     "uv run grader check labs/01_causal_mask": "tests/grader/test_release_and_gradescope.py::test_grader_check_runs_in_the_student_copy",
