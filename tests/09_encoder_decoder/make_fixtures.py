@@ -183,7 +183,7 @@ def _decoding_case(ref, rng):
         src[1, 4:] = pad
         src[2, 3:] = pad
         new = ref.greedy_decode(model, src, NEW_TOKENS, start_id=START)[:, 1:]
-        rows = {t: {b for b in range(3) if t in new[b]} for t in range(shape.vocab_size) if t != pad}
+        rows = {t: {b for b in range(3) if t in new[b]} for t in range(shape.vocab_size) if t not in (pad, START)}
         first = {t: [int(np.argmax(new[b] == t)) for b in r] for t, r in rows.items()}
         every = [t for t, r in rows.items()
                  if len(r) == 3 and max(first[t]) < NEW_TOKENS - 1 and len(set(first[t])) > 1]
