@@ -688,3 +688,40 @@ def test_train_step_with_clipping_matches_pytorch():
             assert_close(held[name], want, atol=1e-5 * float(np.abs(want).max()) + 1e-9, rtol=1e-3,
                          what=f"{what} of {name} after {setting}", diagnoses=stored_diagnoses(f, f"{kind}.{name}"),
                          hint=TRAIN_STEP_HINT)
+
+
+def test_model_gradient_check_with_another_layer_norm_eps():
+    """layer_norm_eps=0.5 (not LayerNorm's default 1e-5): every LayerNorm's backward uses the model's eps."""
+    shape = GPT2Shape(vocab_size=11, d_model=8, num_layers=2, num_heads=2, max_seq_len=7, layer_norm_eps=0.5)
+    rng = np.random.default_rng(74)
+    state = random_gpt2_state(shape, rng)
+    model = _model(state, shape, float64=True)
+    ids = rng.integers(0, shape.vocab_size, (2, 7))
+    x, y = ids[:, :-1], ids[:, 1:]
+    _, grads = S.loss_and_grads(model, x, y)
+    _directional_check(model, {k: np.float64(v) for k, v in state.items()}, lambda: _ce64(np.asarray(model(x)), y),
+                       grads, "loss_and_grads on a GPT-2 with layer_norm_eps=0.5",
+                       "each LayerNorm's backward takes that LayerNorm's eps (the model's layer_norm_eps), not "
+                       "layernorm_backward's default")
+
+
+def test_train_step_without_max_norm_or_lr():
+    """train_step(model, opt, x, y): no clipping, the optimizer's own lr, the plain global norm."""
+    f = load_fixture(LAB, "train_step")
+    x, y = f["batches"][0][:, :-1], f["batches"][0][:, 1:]
+    kw = dict(lr=0.01, betas=(0.8, 0.95), eps=1e-3, weight_decay=0.3)
+    stepped, by_hand = _model(fixture_params(f)), _model(fixture_params(f))
+    opt = S.AdamW(stepped, **kw)
+    loss, norm = S.train_step(stepped, opt, x, y)
+    ref_opt = S.AdamW(by_hand, **kw)
+    ref_loss, grads = S.loss_and_grads(by_hand, x, y)
+    ref_opt.step(grads)
+    want = math.sqrt(sum(float(np.vdot(g, g)) for g in grads.values()))
+    assert abs(norm - want) <= 1e-4 * want, (
+        f"train_step without max_norm returned the norm {norm:.6g}; the gradients' global norm is {want:.6g} "
+        "(nothing is clipped when max_norm is not given)")
+    assert opt.lr == 0.01, f"train_step without lr changed the optimizer's lr to {opt.lr}"
+    for name, value in by_hand.state_dict().items():
+        assert_close(stepped.state_dict()[name], value, atol=1e-6, rtol=1e-4,
+                     what=f"{name} after train_step(model, opt, x, y) vs loss_and_grads then opt.step (no clipping)",
+                     hint="without max_norm the gradients go to the optimizer as they are, at the optimizer's own lr")

@@ -419,3 +419,13 @@ def test_two_decoder_caches_interleaved():
                      what=f"decode_step through cache {i + 1} of two used in turn (two source sentences) vs decode",
                      hint="each DecoderCache holds its own keys and values: nothing is shared between caches or "
                           "kept on the layers")
+
+
+def test_attention_without_a_mask_sees_every_key():
+    layer, f = _attention()
+    x, memory = f["x"], f["memory"]
+    B, T, S = x.shape[0], x.shape[1], memory.shape[1]
+    for what, args, full in (("self-attention", (x,), np.ones((B, 1, T, T), bool)),
+                             ("cross-attention", (x, memory), np.ones((B, 1, T, S), bool))):
+        assert_close(layer(*args), layer(*args, mask=full), what=f"{what} with mask=None vs a mask that allows "
+                     "every key", hint="mask=None means no mask at all: every key may be seen (no causal mask)")
