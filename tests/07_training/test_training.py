@@ -132,6 +132,17 @@ def _model(state, shape=SHAPE, dropout=0.0, float64=False):
     return model
 
 
+def _random_float64_case(seed, dropout=0.0, **shape):
+    """A random float64 GPT-2 (``GPT2Shape(vocab_size=11, d_model=8, num_layers=2, num_heads=2,
+    max_seq_len=7, **shape)``), its state, and a batch ``x``, ``y`` of it."""
+    shape = GPT2Shape(**{"vocab_size": 11, "d_model": 8, "num_layers": 2, "num_heads": 2, "max_seq_len": 7, **shape})
+    rng = np.random.default_rng(seed)
+    state = random_gpt2_state(shape, rng)
+    model = _model(state, shape, dropout=dropout, float64=True)
+    ids = rng.integers(0, shape.vocab_size, (2, 7))
+    return model, {k: np.float64(v) for k, v in state.items()}, ids[:, :-1], ids[:, 1:]
+
+
 def _random_seeds(max_examples, *more):
     """``@settings(max_examples=…)`` and ``@given``: hypothesis draws each case's seed (the
     test's first argument, shrunk and printed on a failure), then one value of each of ``more``."""
@@ -614,12 +625,8 @@ TRAIN_STEP_HINT = ("train_step: loss_and_grads; clip_grad_norm (when max_norm is
 def test_loss_with_dropout_is_the_loss_of_the_forward():
     """Training mode, dropout 0.3: loss_and_grads(…, rng) is the loss of gpt_forward(…, rng) with
     the same seed, and its gradient is that loss's gradient."""
-    shape = GPT2Shape(vocab_size=11, d_model=8, num_layers=2, num_heads=2, max_seq_len=7)
-    rng = np.random.default_rng(73)
-    state = random_gpt2_state(shape, rng)
-    model = _model(state, shape, dropout=0.3, float64=True).train()
-    ids = rng.integers(0, shape.vocab_size, (2, 7))
-    x, y = ids[:, :-1], ids[:, 1:]
+    model, state, x, y = _random_float64_case(73, dropout=0.3)
+    model.train()
     dropped = np.asarray(S.gpt_forward(model, x, rng=np.random.default_rng(5))[0], np.float64)
     again = np.asarray(S.gpt_forward(model, x, rng=np.random.default_rng(5))[0], np.float64)
     plain = np.asarray(S.gpt_forward(model, x)[0], np.float64)
@@ -630,14 +637,15 @@ def test_loss_with_dropout_is_the_loss_of_the_forward():
         "dropout must be active in training mode when p > 0 and an rng is given")
     loss, grads = S.loss_and_grads(model, x, y, rng=np.random.default_rng(5))
     assert_close(np.float64(loss), _ce64(dropped, y), atol=1e-9,
-                 what="loss_and_grads(…, rng=default_rng(5)) vs the cross-entropy of gpt_forward(…, rng=default_rng(5))",
+                 what="loss_and_grads(…, rng=default_rng(5)) vs the cross-entropy of "
+                      "gpt_forward(…, rng=default_rng(5))",
                  hint=f"loss_and_grads passes its rng on to gpt_forward, so that dropout runs in training (the "
                       f"loss without dropout is {_ce64(plain, y):.6f})")
 
     def loss_fn():
         return _ce64(np.asarray(S.gpt_forward(model, x, rng=np.random.default_rng(5))[0], np.float64), y)
 
-    _directional_check(model, {k: np.float64(v) for k, v in state.items()}, loss_fn, grads,
+    _directional_check(model, state, loss_fn, grads,
                        "loss_and_grads with dropout 0.3 vs the loss of gpt_forward with the same rng", SAME_MASK)
 
 
@@ -670,7 +678,8 @@ def test_train_step_with_clipping_matches_pytorch():
     opt = S.AdamW(model, lr=float(f["adamw_lr"]), betas=tuple(float(b) for b in f["betas"]), eps=float(f["eps"]),
                   weight_decay=float(f["weight_decay"]))
     max_norm, lrs = float(f["max_norm"]), [float(v) for v in f["lrs"]]
-    steps = [S.train_step(model, opt, b[:, :-1], b[:, 1:], lr=lr, max_norm=max_norm) for b, lr in zip(f["batches"], lrs)]
+    steps = [S.train_step(model, opt, b[:, :-1], b[:, 1:], lr=lr, max_norm=max_norm)
+             for b, lr in zip(f["batches"], lrs)]
     setting = f"two train_steps, max_norm={max_norm:.3g} (the gradients' norms are {f['norms'][0]:.3g} and " \
               f"{f['norms'][1]:.3g}: clipping bites), lr={lrs[0]} then {lrs[1]} (the optimizer was built with lr=" \
               f"{float(f['adamw_lr'])})"
@@ -692,14 +701,9 @@ def test_train_step_with_clipping_matches_pytorch():
 
 def test_model_gradient_check_with_another_layer_norm_eps():
     """layer_norm_eps=0.5 (not LayerNorm's default 1e-5): every LayerNorm's backward uses the model's eps."""
-    shape = GPT2Shape(vocab_size=11, d_model=8, num_layers=2, num_heads=2, max_seq_len=7, layer_norm_eps=0.5)
-    rng = np.random.default_rng(74)
-    state = random_gpt2_state(shape, rng)
-    model = _model(state, shape, float64=True)
-    ids = rng.integers(0, shape.vocab_size, (2, 7))
-    x, y = ids[:, :-1], ids[:, 1:]
+    model, state, x, y = _random_float64_case(74, layer_norm_eps=0.5)
     _, grads = S.loss_and_grads(model, x, y)
-    _directional_check(model, {k: np.float64(v) for k, v in state.items()}, lambda: _ce64(np.asarray(model(x)), y),
+    _directional_check(model, state, lambda: _ce64(np.asarray(model(x)), y),
                        grads, "loss_and_grads on a GPT-2 with layer_norm_eps=0.5",
                        "each LayerNorm's backward takes that LayerNorm's eps (the model's layer_norm_eps), not "
                        "layernorm_backward's default")

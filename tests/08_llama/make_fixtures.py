@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from gptkit.llama_checkpoints import LlamaShape, hf_llama, random_llama_state, saved_files
+from gptkit.testing.fixtures import eos_choices
 from grader.fixtures import diagnoses
 
 NEEDS_TORCH = True
@@ -264,18 +265,11 @@ def _eos_case(ll, state, rng):
 
     for _ in range(200):  # prompts until one has EOS ids for all three situations
         prompt = rng.integers(0, shape.vocab_size, (3, EOS_PROMPT_LEN))
-        new = ll.generate(model, prompt, EOS_NEW_TOKENS)[:, EOS_PROMPT_LEN:]
-        rows = {int(t): {b for b in range(3) if t in new[b]} for t in range(shape.vocab_size)}
-        # all rows finish before the limit: the loop must stop early, and the last row's EOS is appended
-        every = [t for t, r in rows.items() if len(r) == 3 and max(int(np.argmax(new[b] == t)) for b in r)
-                 < EOS_NEW_TOKENS - 1 and len({int(np.argmax(new[b] == t)) for b in r}) > 1]
-        some = [t for t, r in rows.items() if 0 < len(r) < 3]
-        none = [t for t, r in rows.items() if not r]
-        if every and some and none:
+        eos = eos_choices(ll.generate(model, prompt, EOS_NEW_TOKENS)[:, EOS_PROMPT_LEN:])
+        if eos:
             break
     else:
         raise AssertionError("eos: no prompt gives an EOS for all, some and no rows")
-    eos = {"all": every[0], "some": some[0], "none": none[0]}
     case = {"prompt": prompt, **{f"eos_{k}": np.int64(v) for k, v in eos.items()},
             **{f"tokens_{k}": hf_generate(prompt, v) for k, v in eos.items()}}
 

@@ -21,6 +21,7 @@ The cases ``masks``, ``encoder_layer``, ``decoder_layer``, ``decoder_layer_pre``
 
 import numpy as np
 
+from gptkit.testing.fixtures import eos_choices
 from gptkit.testing.seq2seq import Seq2SeqShape, hf_marian, random_layer_state, random_seq2seq_state
 from grader.fixtures import diagnoses
 
@@ -182,14 +183,8 @@ def _decoding_case(ref, rng):
         src[:, 1] = 0  # a real token whose id is 0: padding is the id 3 here
         src[1, 4:] = pad
         src[2, 3:] = pad
-        new = ref.greedy_decode(model, src, NEW_TOKENS, start_id=START)[:, 1:]
-        rows = {t: {b for b in range(3) if t in new[b]} for t in range(shape.vocab_size) if t not in (pad, START)}
-        first = {t: [int(np.argmax(new[b] == t)) for b in r] for t, r in rows.items()}
-        every = [t for t, r in rows.items()
-                 if len(r) == 3 and max(first[t]) < NEW_TOKENS - 1 and len(set(first[t])) > 1]
-        some = [t for t, r in rows.items() if 0 < len(r) < 3]
-        none = [t for t, r in rows.items() if not r]
-        if every and some and none:
+        eos = eos_choices(ref.greedy_decode(model, src, NEW_TOKENS, start_id=START)[:, 1:], skip=(pad, START))
+        if eos:
             break
     else:
         raise AssertionError("decoding: no source gives an EOS for all, some and no rows")
@@ -197,10 +192,10 @@ def _decoding_case(ref, rng):
     tgt[:, 2] = pad  # the padding id inside the target is a real token: tgt_keep defaults to all True
     mask = torch.from_numpy(src != pad).long()
     with torch.no_grad():
-        logits = hf(input_ids=torch.from_numpy(src), attention_mask=mask, decoder_input_ids=torch.from_numpy(tgt)).logits
+        logits = hf(input_ids=torch.from_numpy(src), attention_mask=mask,
+                    decoder_input_ids=torch.from_numpy(tgt)).logits
     case = {"src": src, "tgt": tgt, "start": np.int64(START), "pad": np.int64(pad), **_params(state),
             "logits": logits.numpy()}
-    eos = {"all": every[0], "some": some[0], "none": none[0]}
     case.update({f"eos_{k}": np.int64(v) for k, v in eos.items()})
     case.update({f"tokens_{k}": hf_generate(v) for k, v in eos.items()})
 
@@ -212,7 +207,8 @@ def _decoding_case(ref, rng):
         return out
 
     mine = outputs(ref)
-    assert np.allclose(mine["logits"], case["logits"], atol=1e-4, rtol=1e-4), "decoding: the reference differs from MarianMT"
+    assert np.allclose(mine["logits"], case["logits"], atol=1e-4, rtol=1e-4), \
+        "decoding: the reference differs from MarianMT"
     for k in eos:
         assert np.array_equal(mine[f"tokens_{k}"], case[f"tokens_{k}"]), f"decoding: greedy tokens differ ({k})"
         for kw in ({"use_cache": False}, {"cache_cross": False}):

@@ -353,7 +353,8 @@ def test_shift_right_with_a_start_token_other_than_padding():
     got = np.asarray(M.shift_right(labels, 5, 3))
     want = np.array([[5, 7, 8, 9], [5, 4, 3, 3]])
     assert np.array_equal(got, want), (
-        f"shift_right(labels, start_id=5, pad_id=3) of {labels.tolist()}: expected {want.tolist()}, got {got.tolist()}: "
+        f"shift_right(labels, start_id=5, pad_id=3) of {labels.tolist()}: expected {want.tolist()}, "
+        f"got {got.tolist()}: "
         "start_id first (not the padding id), then labels[:, :-1] with -100 replaced by pad_id")
 
 
@@ -380,8 +381,9 @@ def test_greedy_with_a_start_token_and_eos():
                 found = stored_diagnoses(f, f"tokens_{which}")
                 match = next((label for label, value in found.items()
                               if value.shape == got.shape and np.array_equal(value, got)), None)
+                settings = "".join(f", {k}={v}" for k, v in kw.items())
                 raise AssertionError(
-                    f"greedy_decode(model, src, {n}, start_id={start}, eos_id={eos}{''.join(f', {k}={v}' for k, v in kw.items())}) "
+                    f"greedy_decode(model, src, {n}, start_id={start}, eos_id={eos}{settings}) "
                     f"with padding id {int(f['pad'])}, where {story}: MarianMT's generate() gives {want.tolist()}, "
                     f"yours {got.tolist()}" + (f". Your result matches {match}" if match else
                                                ". Every row starts with start_id"))
