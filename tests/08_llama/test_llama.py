@@ -368,8 +368,11 @@ def test_block_at_positions_with_gaps_matches_huggingface():
 def test_model_at_positions_with_gaps_matches_huggingface():
     model, f = _positions_model()
     logits = model(f["ids"], f["positions"])
+    found = stored_diagnoses(f, "logits")
+    if np.allclose(model.layers[0](f["block_in"], f["positions"]), f["block_out"], atol=1e-4):
+        found = {k: v for k, v in found.items() if "LlamaBlock" not in k}  # the block is right: the model is not
     assert_close(logits, f["logits"], what=f"logits vs LlamaForCausalLM with position_ids {f['positions'].tolist()}",
-                 atol=1e-4, diagnoses=stored_diagnoses(f, "logits"), hint=POSITIONS_HINT)
+                 atol=1e-4, diagnoses=found, hint=POSITIONS_HINT)
 
 
 def test_attention_keeps_nothing_between_calls():
