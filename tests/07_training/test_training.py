@@ -729,3 +729,10 @@ def test_train_step_without_max_norm_or_lr():
         assert_close(stepped.state_dict()[name], value, atol=1e-6, rtol=1e-4,
                      what=f"{name} after train_step(model, opt, x, y) vs loss_and_grads then opt.step (no clipping)",
                      hint="without max_norm the gradients go to the optimizer as they are, at the optimizer's own lr")
+
+
+def test_train_val_split_default_fraction():
+    ids = np.arange(50)
+    train, val = S.train_val_split(ids)
+    assert np.array_equal(np.asarray(train), ids[:45]) and np.array_equal(np.asarray(val), ids[45:]), (
+        "train_val_split(ids) without val_fraction keeps the last 10% (the default 0.1) for validation, in order")
