@@ -78,3 +78,26 @@ def stored_diagnoses(fixture: dict[str, np.ndarray], output: str) -> dict[str, n
 
 def diagnosis_label(fixture: dict[str, np.ndarray], bug_id: str) -> str:
     return str(fixture[label_key(bug_id)])
+
+
+def eos_choices(new_tokens: np.ndarray, skip=()) -> dict[str, int] | None:
+    """For generated tokens ``new_tokens`` (B, n) decoded without an EOS: one token id that
+    every row emits before its last step, at different steps (``"all"``: the loop must stop
+    early, the last row's EOS appended), one that only some rows emit (``"some"``) and one
+    that no row emits (``"none"``); None when this batch has no such three. Ids in ``skip``
+    (the padding id, the start token) are never chosen."""
+    new_tokens = np.asarray(new_tokens)
+    B, n = new_tokens.shape
+    found: dict[str, int] = {}
+    for t in range(int(new_tokens.max()) + 2):
+        if t in skip:
+            continue
+        rows = [b for b in range(B) if t in new_tokens[b]]
+        first = {int(np.argmax(new_tokens[b] == t)) for b in rows}
+        if len(rows) == B and max(first) < n - 1 and len(first) > 1:
+            found.setdefault("all", t)
+        elif 0 < len(rows) < B:
+            found.setdefault("some", t)
+        elif not rows:
+            found.setdefault("none", t)
+    return found if len(found) == 3 else None

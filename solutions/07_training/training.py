@@ -309,7 +309,10 @@ def gpt_backward(model: GPTModel, cache: dict, dlogits: np.ndarray) -> dict[str,
         ``{name: gradient}`` with exactly ``model.state_dict()``'s names and shapes
         (``wte.weight``, ``wpe.weight``, ``h.0.ln_1.weight``, …, ``ln_f.bias``).
         ``wte.weight`` is used twice (the token embedding and the tied output head): its
-        gradient is the sum of both uses. ``wpe.weight``'s rows past T get zeros.
+        gradient is the sum of both uses. ``wpe.weight``'s rows past T get zeros. Each
+        LayerNorm's backward takes that LayerNorm's own ``eps`` (the model's
+        ``layer_norm_eps``). Everything read from the forward comes from ``cache``, never
+        from the model: two batches may be between forward and backward at once.
     """
     ### BEGIN SOLUTION head, ln_f, then every block in reverse (mlp, then attention, each with its residual), then the embeddings
     grads: dict[str, np.ndarray] = {}
@@ -358,7 +361,9 @@ def loss_and_grads(model: GPTModel, token_ids: np.ndarray, targets: np.ndarray, 
                    rng: np.random.Generator | None = None):
     """``(loss, grads)``: the mean next-token cross-entropy of ``model`` on ``token_ids``
     (B, T) against ``targets`` (B, T) (usually the ids shifted by one), and the gradient of
-    that loss for every parameter (``gpt_backward``'s dict). ``rng`` as in ``gpt_forward``."""
+    that loss for every parameter (``gpt_backward``'s dict). ``rng`` as in ``gpt_forward``,
+    passed on to it: with dropout in training mode, the loss is that of
+    ``gpt_forward(model, token_ids, rng=rng)``'s logits."""
     ### BEGIN SOLUTION forward with a cache, fused softmax cross-entropy, backward
     logits, cache = gpt_forward(model, token_ids, rng=rng)
     loss, dlogits = softmax_cross_entropy(logits, targets)
@@ -535,8 +540,10 @@ def get_batch(data: np.ndarray, batch_size: int, block_size: int, rng: np.random
 def train_step(model: GPTModel, optimizer: AdamW, x: np.ndarray, y: np.ndarray, *, lr: float | None = None,
                max_norm: float | None = None, rng: np.random.Generator | None = None):
     """One step: loss and gradients, global-norm clipping (when ``max_norm`` is given), the
-    learning rate set (when ``lr`` is given), one AdamW step. Returns ``(loss, grad_norm)``
-    as Python floats (the norm before clipping)."""
+    learning rate set (when ``lr`` is given), one AdamW step. The optimizer steps with the
+    *clipped* gradients, at the learning rate set *before* its step; without ``max_norm``
+    nothing is clipped, without ``lr`` the optimizer keeps its own. Returns
+    ``(loss, grad_norm)`` as Python floats (the global norm before clipping)."""
     ### BEGIN SOLUTION loss_and_grads, clip_grad_norm, optimizer.lr, optimizer.step
     loss, grads = loss_and_grads(model, x, y, rng=rng)
     if max_norm is not None:

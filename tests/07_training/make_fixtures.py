@@ -10,7 +10,12 @@ reference solution.
   the usual mistakes differ visibly (lr 0.05, betas (0.8, 0.95), eps 1e-3 with gradients
   of size ~0.01, weight decay 0.5), the parameters after every step;
 - ``clip``: ``torch.nn.utils.clip_grad_norm_`` on gradients whose global norm is above
-  the limit (0.5) while every single tensor's is below it, and on gradients already below it.
+  the limit (0.5) while every single tensor's is below it, and on gradients already below it;
+- ``train_step``: two whole training steps of a small random GPT-2 in PyTorch (HuggingFace's
+  loss and backward, ``clip_grad_norm_`` at a tenth of the first gradients' norm so that clipping
+  bites, the learning rate set before each ``torch.optim.AdamW`` step, to a value other than
+  the optimizer's own): the losses, the norms, and every parameter and both AdamW moments
+  (``exp_avg``, ``exp_avg_sq``) after the two steps. It has its own random generator.
 
 Beside the right answers: what each catalogued mistake of
 ``solutions/07_training/bugs.toml`` whose ``diagnose`` names the case outputs
@@ -208,10 +213,62 @@ def _clip_case(tr, rng):
     return {**case, **diagnoses(LAB, "clip", case, outputs, "training")}
 
 
+TRAIN_ADAMW = {"lr": 0.2, "betas": (0.8, 0.95), "eps": 1e-3, "weight_decay": 0.3}
+TRAIN_LRS = (0.03, 0.01)  # set by train_step before each step; the constructor's lr is never used
+
+
+def _train_step_case(tr, ref_gpt, rng):
+    import torch
+
+    state = random_gpt2_state(SHAPE, rng)
+    hf = hf_model(state, SHAPE)
+    batches = rng.integers(0, SHAPE.vocab_size, (len(TRAIN_LRS), 3, SHAPE.max_seq_len))
+    hf(torch.from_numpy(batches[0]), labels=torch.from_numpy(batches[0])).loss.backward()
+    max_norm = float(torch.nn.utils.clip_grad_norm_(hf.parameters(), float("inf"))) / 10  # clipping bites
+    opt = torch.optim.AdamW(hf.parameters(), **TRAIN_ADAMW)
+    losses, norms = [], []
+    for batch, lr in zip(batches, TRAIN_LRS):
+        opt.zero_grad()
+        # labels= is shifted inside: the loss of ids[:, :-1] predicting ids[:, 1:], as train_step's x, y
+        out = hf(torch.from_numpy(batch), labels=torch.from_numpy(batch))
+        out.loss.backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(hf.parameters(), max_norm)))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        opt.step()
+        losses.append(out.loss.item())
+    assert min(norms) > 1.5 * max_norm, f"train_step: clipping must bite at both steps (norms {norms}, max {max_norm})"
+    named = {(k[len("transformer."):] if k.startswith("transformer.") else k): p for k, p in hf.named_parameters()}
+    case = {"batches": batches, "lrs": np.array(TRAIN_LRS), "max_norm": np.float64(max_norm),
+            "adamw_lr": np.float64(TRAIN_ADAMW["lr"]), "betas": np.array(TRAIN_ADAMW["betas"]),
+            "eps": np.float64(TRAIN_ADAMW["eps"]), "weight_decay": np.float64(TRAIN_ADAMW["weight_decay"]),
+            "losses": np.array(losses), "norms": np.array(norms), **{f"param.{k}": v for k, v in state.items()}}
+    for k, p in named.items():
+        case[f"after.{k}"] = p.detach().numpy().copy()
+        case[f"m.{k}"] = opt.state[p]["exp_avg"].numpy().copy()
+        case[f"v.{k}"] = opt.state[p]["exp_avg_sq"].numpy().copy()
+
+    def outputs(m):
+        model = ref_gpt.GPTModel(**SHAPE.model_kwargs(), rng=np.random.default_rng(0)).load_state_dict(state).eval()
+        o = m.AdamW(model, **TRAIN_ADAMW)
+        steps = [m.train_step(model, o, b[:, :-1], b[:, 1:], lr=lr, max_norm=max_norm)
+                 for b, lr in zip(batches, TRAIN_LRS)]
+        result = {"losses": np.array([s[0] for s in steps]), "norms": np.array([s[1] for s in steps])}
+        params = model.state_dict()
+        for k in named:
+            result.update({f"after.{k}": params[k], f"m.{k}": o.m[k], f"v.{k}": o.v[k]})
+        return result
+
+    mine = outputs(tr)
+    for name, value in mine.items():
+        assert np.allclose(value, case[name], rtol=1e-4, atol=1e-6), f"train_step: the reference's {name} differs"
+    return {**case, **diagnoses(LAB, "train_step", case, outputs, "training")}
+
+
 def build() -> dict[str, dict[str, np.ndarray]]:
     import gpt as ref_gpt
     import training as tr
 
     rng = np.random.default_rng(707)
     return {"pieces": _pieces(tr, rng), "model": _model_case(tr, ref_gpt, rng), "adamw": _adamw_case(tr, rng),
-            "clip": _clip_case(tr, rng)}
+            "clip": _clip_case(tr, rng), "train_step": _train_step_case(tr, ref_gpt, np.random.default_rng(717))}

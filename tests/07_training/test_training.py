@@ -150,6 +150,17 @@ def _backward_order(shape):
     return list(reversed(gpt2_parameter_shapes(**shape.model_kwargs())))
 
 
+def _random_float64_case(seed, dropout=0.0, **shape):
+    """A random float64 GPT-2 (``GPT2Shape(vocab_size=11, d_model=8, num_layers=2, num_heads=2,
+    max_seq_len=7, **shape)``), its state, and a batch ``x``, ``y`` of it."""
+    shape = GPT2Shape(**{"vocab_size": 11, "d_model": 8, "num_layers": 2, "num_heads": 2, "max_seq_len": 7, **shape})
+    rng = np.random.default_rng(seed)
+    state = random_gpt2_state(shape, rng)
+    model = _model(state, shape, dropout=dropout, float64=True)
+    ids = rng.integers(0, shape.vocab_size, (2, 7))
+    return model, {k: np.float64(v) for k, v in state.items()}, ids[:, :-1], ids[:, 1:]
+
+
 def _random_seeds(max_examples, *more):
     """``@settings(max_examples=…)`` and ``@given``: hypothesis draws each case's seed (the
     test's first argument, shrunk and printed on a failure), then one value of each of ``more``."""
@@ -626,3 +637,126 @@ def test_checkpoint_loads_with_lab05(tmp_path):
     loaded = W.load_gpt2(tmp_path / "ckpt")
     assert_close(loaded(f["ids"]), model(f["ids"]), what="logits of the checkpoint loaded by lab 05's load_gpt2",
                  atol=1e-6)
+
+
+# --- dropout, state and whole training steps --------------------------------------------------------
+
+TRAIN_STEP_HINT = ("train_step: loss_and_grads; clip_grad_norm (when max_norm is given), and the optimizer gets the "
+                   "*clipped* gradients; optimizer.lr = lr (when lr is given) *before* optimizer.step; the norm "
+                   "returned is the one before clipping")
+
+
+def test_loss_with_dropout_is_the_loss_of_the_forward():
+    """Training mode, dropout 0.3: loss_and_grads(…, rng) is the loss of gpt_forward(…, rng) with
+    the same seed, and its gradient is that loss's gradient."""
+    model, state, x, y = _random_float64_case(73, dropout=0.3)
+    model.train()
+    dropped = np.asarray(S.gpt_forward(model, x, rng=np.random.default_rng(5))[0], np.float64)
+    again = np.asarray(S.gpt_forward(model, x, rng=np.random.default_rng(5))[0], np.float64)
+    plain = np.asarray(S.gpt_forward(model, x)[0], np.float64)
+    assert_close(again, dropped, what="gpt_forward twice with the same seed (training mode, dropout 0.3)",
+                 atol=1e-12, hint="gpt_forward draws every dropout mask from the rng it is given, nothing else")
+    assert not np.allclose(dropped, plain), (
+        "gpt_forward(model, x, rng=…) in training mode with dropout 0.3 gives the same logits as without an rng: "
+        "dropout must be active in training mode when p > 0 and an rng is given")
+    loss, grads = S.loss_and_grads(model, x, y, rng=np.random.default_rng(5))
+    assert_close(np.float64(loss), _ce64(dropped, y), atol=1e-9,
+                 what="loss_and_grads(…, rng=default_rng(5)) vs the cross-entropy of "
+                      "gpt_forward(…, rng=default_rng(5))",
+                 hint=f"loss_and_grads passes its rng on to gpt_forward, so that dropout runs in training (the "
+                      f"loss without dropout is {_ce64(plain, y):.6f})")
+
+    def loss_fn():
+        return _ce64(np.asarray(S.gpt_forward(model, x, rng=np.random.default_rng(5))[0], np.float64), y)
+
+    _directional_check(model, state, loss_fn, grads,
+                       "loss_and_grads with dropout 0.3 vs the loss of gpt_forward with the same rng", SAME_MASK)
+
+
+def test_forward_keeps_nothing_on_the_model():
+    """A second gpt_forward between a batch's forward and its backward (as the trainer's
+    shards do, at the same time) changes nothing: everything a backward needs is in its cache."""
+    f = load_fixture(LAB, "model")
+    model = _model(fixture_params(f))
+    ids = f["ids"]
+    x, y = ids[:, :-1], ids[:, 1:]
+    logits, cache = S.gpt_forward(model, x)
+    S.gpt_forward(model, np.ascontiguousarray(x[::-1, ::-1]))  # another batch, before this one's backward
+    _, dlogits = S.softmax_cross_entropy(logits, y)
+    grads = S.gpt_backward(model, cache, dlogits)
+    expected = fixture_params(f, "grad.")
+    for name in sorted(expected, key=lambda n: (n.count("."), n)):
+        scale = float(np.abs(expected[name]).max())
+        assert_close(grads[name], expected[name], atol=2e-5 * scale + 1e-7, rtol=1e-3,
+                     what=f"the gradient of {name} when another gpt_forward ran between this batch's forward and "
+                          "its backward",
+                     hint="gpt_forward keeps nothing on the model: what a backward needs goes in the cache it "
+                          "returns, so that two batches (the trainer's shards) can run at once")
+
+
+def test_train_step_with_clipping_matches_pytorch():
+    """Two whole steps in PyTorch (loss, backward, clip_grad_norm_ to a tenth of the norm,
+    lr set, AdamW): the losses, norms, parameters and both AdamW moments after them."""
+    f = load_fixture(LAB, "train_step")
+    model = _model(fixture_params(f))
+    opt = S.AdamW(model, lr=float(f["adamw_lr"]), betas=tuple(float(b) for b in f["betas"]), eps=float(f["eps"]),
+                  weight_decay=float(f["weight_decay"]))
+    max_norm, lrs = float(f["max_norm"]), [float(v) for v in f["lrs"]]
+    steps = [S.train_step(model, opt, b[:, :-1], b[:, 1:], lr=lr, max_norm=max_norm)
+             for b, lr in zip(f["batches"], lrs)]
+    setting = f"two train_steps, max_norm={max_norm:.3g} (the gradients' norms are {f['norms'][0]:.3g} and " \
+              f"{f['norms'][1]:.3g}: clipping bites), lr={lrs[0]} then {lrs[1]} (the optimizer was built with lr=" \
+              f"{float(f['adamw_lr'])})"
+    assert_close(np.array([s[1] for s in steps], np.float64), f["norms"], rtol=1e-4, atol=0,
+                 what=f"the norms train_step returns ({setting})", diagnoses=stored_diagnoses(f, "norms"),
+                 hint=TRAIN_STEP_HINT)
+    assert_close(np.array([s[0] for s in steps], np.float64), f["losses"], atol=1e-5,
+                 what=f"the losses train_step returns ({setting})", diagnoses=stored_diagnoses(f, "losses"),
+                 hint=TRAIN_STEP_HINT)
+    params = model.state_dict()
+    for kind, held, what in (("m", opt.m, "AdamW's first moment m"), ("v", opt.v, "AdamW's second moment v"),
+                             ("after", params, "the parameter")):
+        for name in sorted(params, key=lambda n: (n.count("."), n)):
+            want = f[f"{kind}.{name}"]
+            assert_close(held[name], want, atol=1e-5 * float(np.abs(want).max()) + 1e-9, rtol=1e-3,
+                         what=f"{what} of {name} after {setting}", diagnoses=stored_diagnoses(f, f"{kind}.{name}"),
+                         hint=TRAIN_STEP_HINT)
+
+
+def test_model_gradient_check_with_another_layer_norm_eps():
+    """layer_norm_eps=0.5 (not LayerNorm's default 1e-5): every LayerNorm's backward uses the model's eps."""
+    model, state, x, y = _random_float64_case(74, layer_norm_eps=0.5)
+    _, grads = S.loss_and_grads(model, x, y)
+    _directional_check(model, state, lambda: _ce64(np.asarray(model(x)), y),
+                       grads, "loss_and_grads on a GPT-2 with layer_norm_eps=0.5",
+                       "each LayerNorm's backward takes that LayerNorm's eps (the model's layer_norm_eps), not "
+                       "layernorm_backward's default")
+
+
+def test_train_step_without_max_norm_or_lr():
+    """train_step(model, opt, x, y): no clipping, the optimizer's own lr, the plain global norm."""
+    f = load_fixture(LAB, "train_step")
+    x, y = f["batches"][0][:, :-1], f["batches"][0][:, 1:]
+    kw = dict(lr=0.01, betas=(0.8, 0.95), eps=1e-3, weight_decay=0.3)
+    stepped, by_hand = _model(fixture_params(f)), _model(fixture_params(f))
+    opt = S.AdamW(stepped, **kw)
+    loss, norm = S.train_step(stepped, opt, x, y)
+    ref_opt = S.AdamW(by_hand, **kw)
+    ref_loss, grads = S.loss_and_grads(by_hand, x, y)
+    ref_opt.step(grads)
+    want = math.sqrt(sum(float(np.vdot(g, g)) for g in grads.values()))
+    assert abs(norm - want) <= 1e-4 * want, (
+        f"train_step without max_norm returned the norm {norm:.6g}; the gradients' global norm is {want:.6g} "
+        "(nothing is clipped when max_norm is not given)")
+    assert opt.lr == 0.01, f"train_step without lr changed the optimizer's lr to {opt.lr}"
+    for name, value in by_hand.state_dict().items():
+        assert_close(stepped.state_dict()[name], value, atol=1e-6, rtol=1e-4,
+                     what=f"{name} after train_step(model, opt, x, y) vs loss_and_grads then opt.step (no clipping)",
+                     hint="without max_norm the gradients go to the optimizer as they are, at the optimizer's own lr")
+
+
+def test_train_val_split_default_fraction():
+    ids = np.arange(50)
+    train, val = S.train_val_split(ids)
+    assert np.array_equal(np.asarray(train), ids[:45]) and np.array_equal(np.asarray(val), ids[45:]), (
+        "train_val_split(ids) without val_fraction keeps the last 10% (the default 0.1) for validation, in order")

@@ -19,8 +19,17 @@ HuggingFace's logits and ``generate()`` tokens:
 checkpoint's ``ids`` (``gptkit.testing.firstdiff``), so a failing logits test names the
 first sub-layer that differs.
 
+Whole-model cases, with their own random generator (the cases above stay as they are):
+
+- ``positions``: a random 2-block Llama run by HuggingFace at ``position_ids`` with gaps and
+  an offset: its logits, and the first block's input and output (``output_hidden_states``),
+  so that a block or a model that drops its ``positions`` argument shows;
+- ``eos``: greedy ``generate()`` of the same model with three EOS ids, one that every row
+  emits before the limit, one that only some rows emit, one that no row emits.
+
 What each catalogued mistake outputs is stored beside the right answer for the cases its
-``diagnose`` names (cases ``rope``, ``rmsnorm``, ``swiglu``, ``gqa`` and the checkpoints).
+``diagnose`` names (cases ``rope``, ``rmsnorm``, ``swiglu``, ``gqa``, the checkpoints,
+``positions`` and ``eos``).
 """
 
 import json
@@ -31,6 +40,7 @@ import numpy as np
 
 from gptkit.llama_checkpoints import LlamaShape, hf_llama, random_llama_state, saved_files
 from gptkit.testing.firstdiff import record_trace, trace_arrays
+from gptkit.testing.fixtures import eos_choices
 from grader.fixtures import diagnoses
 
 NEEDS_TORCH = True
@@ -219,6 +229,78 @@ def _trace_case(ll, case):
     return trace_arrays(calls)
 
 
+POSITIONS_SHAPE = LlamaShape(vocab_size=24, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, d_ff=40,
+                             max_seq_len=48, rms_norm_eps=1e-5, rope_theta=500.0)
+MODEL_POSITIONS = np.array([5, 6, 7, 11, 12, 19, 20, 21, 30, 41])  # an offset and gaps
+EOS_PROMPT_LEN, EOS_NEW_TOKENS = 3, 10
+
+
+def _positions_case(ll, rng):
+    """Logits and the first block's output at gapped, offset positions, from HuggingFace."""
+    import torch
+
+    shape = POSITIONS_SHAPE
+    state = random_llama_state(shape, rng)
+    hf = hf_llama(state, shape)
+    ids = rng.integers(0, shape.vocab_size, (2, len(MODEL_POSITIONS)))
+    with torch.no_grad():
+        out = hf(torch.from_numpy(ids), position_ids=torch.from_numpy(MODEL_POSITIONS)[None].expand(2, -1),
+                 output_hidden_states=True)
+    params = {ll.model_name(k): ll.to_model_layout(ll.model_name(k), v) for k, v in state.items()}
+    case = {"ids": ids, "positions": MODEL_POSITIONS, "logits": out.logits.numpy(),
+            "block_in": out.hidden_states[0].numpy(), "block_out": out.hidden_states[1].numpy(),
+            "expected_config_json": np.frombuffer(json.dumps(shape.model_kwargs(), sort_keys=True).encode(),
+                                                  np.uint8).copy(),
+            **{f"param.{k}": np.ascontiguousarray(v) for k, v in params.items()}}
+
+    def outputs(g):
+        model = g.LlamaModel(**shape.model_kwargs(), rng=np.random.default_rng(0))
+        model.load_state_dict(params)
+        block = model.layers[0]
+        return {"logits": model(ids, MODEL_POSITIONS), "block_out": block(case["block_in"], MODEL_POSITIONS)}
+
+    mine = outputs(ll)
+    assert np.allclose(mine["logits"], case["logits"], atol=1e-4), "positions: the reference differs from HuggingFace"
+    assert np.allclose(mine["block_out"], case["block_out"], atol=1e-4), "positions: the first block differs"
+    return {**case, **diagnoses(LAB, "positions", case, outputs, "llama")}, state
+
+
+def _eos_case(ll, state, rng):
+    """Greedy generate() with an EOS that every row, some rows or no row emits."""
+    import torch
+
+    shape = POSITIONS_SHAPE
+    hf = hf_llama(state, shape)
+    model = ll.LlamaModel(**shape.model_kwargs(), rng=np.random.default_rng(0))
+    model.load_state_dict({ll.model_name(k): ll.to_model_layout(ll.model_name(k), v) for k, v in state.items()})
+
+    def hf_generate(prompt, eos):
+        p = torch.from_numpy(prompt)
+        with torch.no_grad():
+            return hf.generate(p, attention_mask=torch.ones_like(p), max_new_tokens=EOS_NEW_TOKENS, do_sample=False,
+                               eos_token_id=eos, pad_token_id=eos).numpy()
+
+    for _ in range(200):  # prompts until one has EOS ids for all three situations
+        prompt = rng.integers(0, shape.vocab_size, (3, EOS_PROMPT_LEN))
+        eos = eos_choices(ll.generate(model, prompt, EOS_NEW_TOKENS)[:, EOS_PROMPT_LEN:])
+        if eos:
+            break
+    else:
+        raise AssertionError("eos: no prompt gives an EOS for all, some and no rows")
+    case = {"prompt": prompt, **{f"eos_{k}": np.int64(v) for k, v in eos.items()},
+            **{f"tokens_{k}": hf_generate(prompt, v) for k, v in eos.items()}}
+
+    def outputs(g):
+        return {f"tokens_{k}": g.generate(model, prompt, EOS_NEW_TOKENS, eos_token_id=v) for k, v in eos.items()}
+
+    for key, value in outputs(ll).items():
+        assert np.array_equal(value, case[key]), f"eos: the reference's {key} differs from HuggingFace's"
+    for k, v in eos.items():
+        assert np.array_equal(ll.generate(model, prompt, EOS_NEW_TOKENS, eos_token_id=v, use_cache=False),
+                              case[f"tokens_{k}"]), f"eos: generate(use_cache=False) differs ({k})"
+    return {**case, **diagnoses(LAB, "eos", case, outputs, "llama")}
+
+
 def build() -> dict[str, dict[str, np.ndarray]]:
     import llama as ll
 
@@ -229,4 +311,7 @@ def build() -> dict[str, dict[str, np.ndarray]]:
         cases[name] = _checkpoint_case(ll, name, rng)
     for name in SHAPES:
         cases[f"{name}_trace"] = _trace_case(ll, cases[name])
+    whole = np.random.default_rng(818)
+    cases["positions"], state = _positions_case(ll, whole)
+    cases["eos"] = _eos_case(ll, state, whole)
     return cases

@@ -113,3 +113,18 @@ def test_repeat_kv_matches_huggingface():
     x = np.random.default_rng(9).standard_normal((2, 3, 5, 4)).astype(np.float32)
     assert_close(L.repeat_kv(x, 4), to_numpy(repeat_kv(to_torch(x), 4)), what="repeat_kv(x, 4) vs HuggingFace",
                  atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_logits_at_positions_with_gaps_match_position_ids(name):
+    torch = torch_or_skip()
+    model, hf, rng = _pair(name, seed=5 * len(name))
+    T = 12
+    positions = np.sort(rng.choice(np.arange(3, SHAPES[name].max_seq_len), T, replace=False))  # gaps, an offset
+    ids = rng.integers(0, SHAPES[name].vocab_size, (2, T))
+    with torch.no_grad():
+        out = hf(to_torch(ids), position_ids=to_torch(positions)[None].expand(2, -1), output_hidden_states=True)
+    assert_close(model.layers[0](to_numpy(out.hidden_states[0]), positions), to_numpy(out.hidden_states[1]),
+                 what=f"the first LlamaBlock at positions {positions.tolist()} vs HuggingFace's ({name})", atol=1e-4)
+    assert_close(model(ids, positions), to_numpy(out.logits), atol=1e-4,
+                 what=f"logits at positions {positions.tolist()} vs LlamaForCausalLM's position_ids ({name})")

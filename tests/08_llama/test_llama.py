@@ -355,3 +355,99 @@ def test_greedy_generate_matches_huggingface(tmp_path, case):
             b, t = (int(i) for i in np.argwhere(out != f["greedy"])[0])
             raise AssertionError(f"greedy generate(use_cache={use_cache}) ({ABOUT[case]}): first difference at row "
                                  f"{b}, position {t}: HuggingFace chose {int(f['greedy'][b, t])}, yours {int(out[b, t])}")
+
+
+# --- positions through the whole model ----------------------------------------------------------------
+
+POSITIONS_HINT = ("positions is an argument all the way down: LlamaModel passes it to every block, each block to "
+                  "its attention, which rotates q and k by those positions (not by 0 … T−1)")
+
+
+def _positions_model():
+    f = load_fixture(LAB, "positions")
+    config = json.loads(f["expected_config_json"].tobytes())
+    model = L.LlamaModel(**config, rng=np.random.default_rng(0))
+    return _set(model, fixture_params(f), "LlamaModel"), f
+
+
+def test_block_at_positions_with_gaps_matches_huggingface():
+    model, f = _positions_model()
+    out = model.layers[0](f["block_in"], f["positions"])
+    assert_float32(out, "LlamaBlock")
+    assert_close(out, f["block_out"], what=f"LlamaBlock (HuggingFace's first decoder layer) at positions "
+                                           f"{f['positions'].tolist()}", atol=1e-4,
+                 diagnoses=stored_diagnoses(f, "block_out"), hint=POSITIONS_HINT)
+
+
+def test_model_at_positions_with_gaps_matches_huggingface():
+    model, f = _positions_model()
+    logits = model(f["ids"], f["positions"])
+    found = stored_diagnoses(f, "logits")
+    if np.allclose(model.layers[0](f["block_in"], f["positions"]), f["block_out"], atol=1e-4):
+        found = {k: v for k, v in found.items() if "LlamaBlock" not in k}  # the block is right: the model is not
+    assert_close(logits, f["logits"], what=f"logits vs LlamaForCausalLM with position_ids {f['positions'].tolist()}",
+                 atol=1e-4, diagnoses=found, hint=POSITIONS_HINT)
+
+
+def test_attention_keeps_nothing_between_calls():
+    f = load_fixture(LAB, "gqa")
+
+    def fresh():
+        return _set(L.LlamaAttention(32, 4, 2, 10000.0, rng=np.random.default_rng(0)), fixture_params(f),
+                    "LlamaAttention")
+
+    attn, other = fresh(), f["positions"][::-1].cumsum()  # the same number of tokens, other positions
+    first = attn(f["x"], f["positions"])
+    second = attn(f["x"][:, ::-1], other)
+    assert_close(first, f["attention"], what="LlamaAttention, first call", diagnoses=stored_diagnoses(f, "attention"))
+    assert_close(second, fresh()(f["x"][:, ::-1], other), what=f"a second call of the same LlamaAttention at "
+                 f"positions {other.tolist()} vs a fresh layer", hint="a layer keeps nothing from one call to the "
+                 "next: compute the rotation's angles for the positions of this call")
+
+
+# --- defaults the README states ---------------------------------------------------------------------
+
+def test_read_config_defaults_when_the_config_omits_them(tmp_path):
+    config = {"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "num_key_value_heads": None, "intermediate_size": 12,
+              "max_position_embeddings": 16}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    got = L.read_config(tmp_path)
+    assert isinstance(got, dict), f"read_config must return a dict, got {type(got).__name__}"
+    for key, want, why in (("rms_norm_eps", 1e-6, "rms_norm_eps absent: Llama's default 1e-6"),
+                           ("rope_theta", 10000.0, "rope_theta absent (top level and rope_parameters): 10000"),
+                           ("num_kv_heads", 2, "num_key_value_heads null: as many key/value heads as heads"),
+                           ("tie_word_embeddings", False, "tie_word_embeddings absent: False")):
+        assert got.get(key) == want, f"read_config on a config.json with {why}: {key} should be {want!r}, got " \
+                                     f"{got.get(key)!r}"
+
+
+# --- generation that stops at EOS ---------------------------------------------------------------------
+
+def test_greedy_generate_stops_at_eos():
+    model, _ = _positions_model()
+    f = load_fixture(LAB, "eos")
+    n = 10
+    for which, story in (("all", "every row emits it before the limit: generation stops once the last row has "
+                                 "(its EOS appended)"),
+                         ("some", "some rows emit it: they emit only EOS afterwards, the others go on to the limit"),
+                         ("none", "no row emits it: every row gets max_new_tokens tokens")):
+        eos, want = int(f[f"eos_{which}"]), f[f"tokens_{which}"]
+        for use_cache in (True, False):
+            got = np.asarray(L.generate(model, f["prompt"], n, eos_token_id=eos, use_cache=use_cache))
+            assert got.shape == want.shape and np.array_equal(got, want), (
+                f"greedy generate(max_new_tokens={n}, eos_token_id={eos}, use_cache={use_cache}), where {story}: "
+                f"HuggingFace's generate() gives {want.tolist()}, yours {got.tolist()}")
+
+
+def test_generate_keeps_nothing_between_calls():
+    model, f = _positions_model()
+    e = load_fixture(LAB, "eos")
+    first = np.asarray(L.generate(model, e["prompt"], 6))
+    second = np.asarray(L.generate(model, f["ids"][:, :4], 6))
+    fresh, _ = _positions_model()
+    assert np.array_equal(second, np.asarray(L.generate(fresh, f["ids"][:, :4], 6))), (
+        "generate on a second prompt, after a first call on the same model, differs from generate on a fresh "
+        "model: build a new cache in every call, nothing is kept on the model")
+    assert np.array_equal(first, e["tokens_none"][:, :first.shape[1]]), (
+        f"greedy generate: HuggingFace gives {e['tokens_none'][:, :first.shape[1]].tolist()}, yours {first.tolist()}")

@@ -9,14 +9,21 @@ outputs in the reference on that batch), ``model_variants`` (separate embeddings
 learned positions, pre-norm: the reference alone) and ``greedy`` (MarianMT's
 ``generate()`` tokens). Every parameter is random, LayerNorm gains and all biases too.
 
+``decoding`` is a second random MarianMT whose padding id is 3 (not 0), with its own
+random generator: its logits on a padded batch, and ``generate()`` with an explicit
+``decoder_start_token_id`` (not the padding id) and an EOS that every row, some rows or
+no row emits, so that the padding id, the start token and the stopping rule all show
+without torch.
+
 The cases ``masks``, ``encoder_layer``, ``decoder_layer``, ``decoder_layer_pre``,
-``sinusoids`` and ``model`` also store what each bug of
+``sinusoids``, ``model`` and ``decoding`` also store what each bug of
 ``solutions/09_encoder_decoder/bugs.toml`` that names them in ``diagnose`` outputs.
 """
 
 import numpy as np
 
 from gptkit.testing.firstdiff import record_trace, trace_arrays
+from gptkit.testing.fixtures import eos_choices
 from gptkit.testing.seq2seq import Seq2SeqShape, hf_marian, random_layer_state, random_seq2seq_state
 from grader.fixtures import diagnoses
 
@@ -153,4 +160,64 @@ def build() -> dict[str, dict[str, np.ndarray]]:
             vstate[name] = (0.4 * rng.standard_normal(value.shape)).astype(np.float32)
     var.load_state_dict(vstate)
     cases["model_variants"] = {"src": src, "tgt": tgt, **_params(vstate), "logits": var(src, tgt)}
+    cases["decoding"] = _decoding_case(ref, np.random.default_rng(919))
     return cases
+
+
+DECODING_SHAPE = Seq2SeqShape(vocab_size=40, d_model=D, num_layers=2, num_heads=H, d_ff=F, max_seq_len=16, pad_id=3)
+START, NEW_TOKENS = 5, 9
+
+
+def _decoding_case(ref, rng):
+    """A MarianMT with padding id 3: logits, and generate() from start token 5 with an EOS
+    that every row, some rows or no row emits."""
+    import torch
+
+    shape = DECODING_SHAPE
+    pad = shape.pad_id
+    state = random_seq2seq_state(shape, rng)
+    hf = hf_marian(state, shape)
+    model = ref.EncoderDecoderModel(**shape.model_kwargs(), rng=np.random.default_rng(0)).load_state_dict(state).eval()
+
+    def hf_generate(eos):
+        with torch.no_grad():
+            return hf.generate(torch.from_numpy(src), attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
+                               num_beams=1, decoder_start_token_id=START, eos_token_id=eos, pad_token_id=pad).numpy()
+
+    for _ in range(200):  # sources until one has EOS ids for all three situations
+        src = rng.integers(4, shape.vocab_size, (3, 6))
+        src[:, 1] = 0  # a real token whose id is 0: padding is the id 3 here
+        src[1, 4:] = pad
+        src[2, 3:] = pad
+        eos = eos_choices(ref.greedy_decode(model, src, NEW_TOKENS, start_id=START)[:, 1:], skip=(pad, START))
+        if eos:
+            break
+    else:
+        raise AssertionError("decoding: no source gives an EOS for all, some and no rows")
+    tgt = np.concatenate([np.full((3, 1), START), rng.integers(4, shape.vocab_size, (3, 4))], axis=1)
+    tgt[:, 2] = pad  # the padding id inside the target is a real token: tgt_keep defaults to all True
+    mask = torch.from_numpy(src != pad).long()
+    with torch.no_grad():
+        logits = hf(input_ids=torch.from_numpy(src), attention_mask=mask,
+                    decoder_input_ids=torch.from_numpy(tgt)).logits
+    case = {"src": src, "tgt": tgt, "start": np.int64(START), "pad": np.int64(pad), **_params(state),
+            "logits": logits.numpy()}
+    case.update({f"eos_{k}": np.int64(v) for k, v in eos.items()})
+    case.update({f"tokens_{k}": hf_generate(v) for k, v in eos.items()})
+
+    def outputs(m):
+        mdl = m.EncoderDecoderModel(**shape.model_kwargs(), rng=np.random.default_rng(0)).load_state_dict(state).eval()
+        out = {"logits": mdl(src, tgt)}
+        out.update({f"tokens_{k}": m.greedy_decode(mdl, src, NEW_TOKENS, start_id=START, eos_id=v)
+                    for k, v in eos.items()})
+        return out
+
+    mine = outputs(ref)
+    assert np.allclose(mine["logits"], case["logits"], atol=1e-4, rtol=1e-4), \
+        "decoding: the reference differs from MarianMT"
+    for k in eos:
+        assert np.array_equal(mine[f"tokens_{k}"], case[f"tokens_{k}"]), f"decoding: greedy tokens differ ({k})"
+        for kw in ({"use_cache": False}, {"cache_cross": False}):
+            assert np.array_equal(ref.greedy_decode(model, src, NEW_TOKENS, start_id=START, eos_id=eos[k], **kw),
+                                  case[f"tokens_{k}"]), f"decoding: greedy tokens differ ({k}, {kw})"
+    return {**case, **diagnoses(LAB, "decoding", case, outputs, "seq2seq")}

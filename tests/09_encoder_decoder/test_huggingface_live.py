@@ -70,3 +70,24 @@ def test_greedy_matches_marian_generate(name):
         assert ours.shape == theirs.shape and np.array_equal(ours, theirs), (
             f"greedy_decode {kw} ({name}) differs from MarianMT's generate(): expected {theirs.tolist()}, "
             f"got {ours.tolist()}")
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_greedy_from_another_start_token_matches_marian_generate(name):
+    torch = torch_or_skip()
+    shape, model, hf, rng = _pair(name)
+    src = _padded_source(shape, rng)
+    start = (shape.pad_id + 4) % shape.vocab_size  # not the padding id
+    mask = to_torch((src != shape.pad_id).astype(np.int64))
+    with torch.no_grad():
+        plain = to_numpy(hf.generate(to_torch(src), attention_mask=mask, max_new_tokens=10, do_sample=False,
+                                     num_beams=1, decoder_start_token_id=start, eos_token_id=None))
+    for eos in {int(plain[0, 3]), int(plain[-1, -1])}:  # a token some rows emit, one the last row ends on
+        with torch.no_grad():
+            theirs = to_numpy(hf.generate(to_torch(src), attention_mask=mask, max_new_tokens=10, do_sample=False,
+                                          num_beams=1, decoder_start_token_id=start, eos_token_id=eos,
+                                          pad_token_id=shape.pad_id))
+        ours = np.asarray(M.greedy_decode(model, src, 10, start_id=start, eos_id=eos))
+        assert ours.shape == theirs.shape and np.array_equal(ours, theirs), (
+            f"greedy_decode(start_id={start}, eos_id={eos}) ({name}) differs from MarianMT's generate("
+            f"decoder_start_token_id={start}): expected {theirs.tolist()}, got {ours.tolist()}")

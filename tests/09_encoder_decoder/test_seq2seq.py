@@ -378,3 +378,97 @@ def test_encoder_runs_once_and_cross_attention_is_cached():
         f"greedy_decode for 8 tokens computed the cross-attention keys and values {calls['project_kv']} times "
         f"for {n} decoder layers: compute them once per layer (DecoderCache) and read them from the cache, "
         "cached, at every step")
+
+
+# --- another padding id, an explicit start token, and the stopping rule ------------------------------
+
+def _decoding_model():
+    f = load_fixture(LAB, "decoding")
+    kw = {**_model_kwargs(f), "pad_id": int(f["pad"])}
+    model = M.EncoderDecoderModel(**kw, rng=np.random.default_rng(1))
+    return set_parameters(model, fixture_params(f), f"EncoderDecoderModel(pad_id={int(f['pad'])})"), f
+
+
+def test_shift_right_with_a_start_token_other_than_padding():
+    labels = np.array([[7, 8, 9, -100], [4, -100, -100, -100]])
+    got = np.asarray(M.shift_right(labels, 5, 3))
+    want = np.array([[5, 7, 8, 9], [5, 4, 3, 3]])
+    assert np.array_equal(got, want), (
+        f"shift_right(labels, start_id=5, pad_id=3) of {labels.tolist()}: expected {want.tolist()}, "
+        f"got {got.tolist()}: "
+        "start_id first (not the padding id), then labels[:, :-1] with -100 replaced by pad_id")
+
+
+def test_model_with_another_padding_id_matches_marian():
+    model, f = _decoding_model()
+    logits = model(f["src"], f["tgt"])
+    assert_close(logits, f["logits"], what=f"logits vs MarianMTModel with pad_token_id={int(f['pad'])} (the source "
+                 "holds real tokens with id 0, the target the padding id as a real token)", atol=1e-4, rtol=1e-4,
+                 diagnoses=stored_diagnoses(f, "logits"),
+                 hint="the source's padding is where the id is the model's padding id (model.pad_id), not 0")
+
+
+def test_greedy_with_a_start_token_and_eos():
+    model, f = _decoding_model()
+    start, n = int(f["start"]), 9
+    for which, story in (("all", "every row emits it before the limit: decoding stops once the last row has "
+                                 "(its EOS appended)"),
+                         ("some", "some rows emit it: after it they only pad, with the model's padding id"),
+                         ("none", "no row emits it: every row gets max_new_tokens tokens")):
+        eos, want = int(f[f"eos_{which}"]), f[f"tokens_{which}"]
+        for kw in ({}, {"use_cache": False}, {"cache_cross": False}):
+            got = np.asarray(M.greedy_decode(model, f["src"], n, start_id=start, eos_id=eos, **kw))
+            if not (got.shape == want.shape and np.array_equal(got, want)):
+                found = stored_diagnoses(f, f"tokens_{which}")
+                match = next((label for label, value in found.items()
+                              if value.shape == got.shape and np.array_equal(value, got)), None)
+                settings = "".join(f", {k}={v}" for k, v in kw.items())
+                raise AssertionError(
+                    f"greedy_decode(model, src, {n}, start_id={start}, eos_id={eos}{settings}) "
+                    f"with padding id {int(f['pad'])}, where {story}: MarianMT's generate() gives {want.tolist()}, "
+                    f"yours {got.tolist()}" + (f". Your result matches {match}" if match else
+                                               ". Every row starts with start_id"))
+
+
+def test_decoding_keeps_nothing_between_calls():
+    model, f = _model()
+    src, other = f["src"], f["src"][::-1].copy()
+    model(src, f["tgt"])  # a first sentence
+    second = model(other, f["tgt"])
+    fresh, _ = _model()
+    assert_close(second, fresh(other, f["tgt"]), what="logits for a second source sentence, after a first one, vs "
+                 "a fresh model", atol=1e-5, hint="a layer keeps nothing from one call to the next: the "
+                 "cross-attention's keys and values come from this call's memory (or this call's DecoderCache)")
+    tokens = np.asarray(M.greedy_decode(model, other, 6))
+    assert np.array_equal(tokens, np.asarray(M.greedy_decode(fresh, other, 6, use_cache=False))), (
+        "greedy_decode on a second source, after other calls on the same model, differs from a fresh model's "
+        "decoding without a cache: a layer keeps nothing from one call to the next")
+
+
+def test_two_decoder_caches_interleaved():
+    model, f = _model()
+    keep = f["src"] != PAD
+    other = f["src"][[1, 2, 0]]
+    other_keep = other != PAD
+    memories = [model.encode(f["src"], keep), model.encode(other, other_keep)]
+    ids = np.concatenate([np.zeros((3, 1), np.int64), f["tgt"][:, 1:]], axis=1)
+    caches = [M.DecoderCache(model, m) for m in memories]
+    pieces = [[], []]
+    for a, b in ((0, 2), (2, 3), (3, 6)):
+        for i, (m, k) in enumerate(zip(memories, (keep, other_keep))):
+            pieces[i].append(M.decode_step(model, ids[:, a:b], m, k, caches[i]))
+    for i, (m, k) in enumerate(zip(memories, (keep, other_keep))):
+        assert_close(np.concatenate(pieces[i], axis=1), model.decode(ids, m, k), atol=1e-4,
+                     what=f"decode_step through cache {i + 1} of two used in turn (two source sentences) vs decode",
+                     hint="each DecoderCache holds its own keys and values: nothing is shared between caches or "
+                          "kept on the layers")
+
+
+def test_attention_without_a_mask_sees_every_key():
+    layer, f = _attention()
+    x, memory = f["x"], f["memory"]
+    B, T, S = x.shape[0], x.shape[1], memory.shape[1]
+    for what, args, full in (("self-attention", (x,), np.ones((B, 1, T, T), bool)),
+                             ("cross-attention", (x, memory), np.ones((B, 1, T, S), bool))):
+        assert_close(layer(*args), layer(*args, mask=full), what=f"{what} with mask=None vs a mask that allows "
+                     "every key", hint="mask=None means no mask at all: every key may be seen (no causal mask)")

@@ -70,3 +70,32 @@ def test_one_layer_gradients_sum_to_the_loss_change():
     predicted = step * sum(float(np.vdot(g, g)) for g in grads.values())
     assert abs((loss - after) - predicted) < 0.1 * predicted, (
         f"the loss fell by {loss - after:.3g} after a step of 1e-3 down the gradient; the gradient predicts {predicted:.3g}")
+
+
+def test_two_train_steps_against_clipping_and_adamw_by_hand():
+    """Two train_steps (clipping that bites, a learning rate per step) against the same steps
+    written out here around the lab's own loss_and_grads."""
+    shape = GPT2Shape(vocab_size=9, d_model=12, num_layers=1, num_heads=3, max_seq_len=6)
+    rng = np.random.default_rng(7073)
+    state = random_gpt2_state(shape, rng)
+    model = set_parameters(G.GPTModel(**shape.model_kwargs(), rng=rng), state, "GPTModel")
+    twin = set_parameters(G.GPTModel(**shape.model_kwargs(), rng=rng), state, "GPTModel")
+    opt = S.AdamW(model, lr=0.5, betas=(0.8, 0.9), eps=1e-3, weight_decay=0.2)
+    p = {k: v.astype(np.float64) for k, v in twin.state_dict().items()}
+    m = {k: np.zeros_like(v) for k, v in p.items()}
+    v2 = {k: np.zeros_like(v) for k, v in p.items()}
+    for t, lr in enumerate((0.04, 0.02), 1):
+        ids = rng.integers(0, 9, (2, 6))
+        S.train_step(model, opt, ids[:, :-1], ids[:, 1:], lr=lr, max_norm=0.05)
+        twin.load_state_dict({k: v.astype(np.float32) for k, v in p.items()})
+        _, grads = S.loss_and_grads(twin, ids[:, :-1], ids[:, 1:])
+        norm = math.sqrt(sum(float(np.vdot(g, g)) for g in grads.values()))
+        assert norm > 0.1, "the gradients must be large enough for clipping to bite"
+        for k in p:
+            g = grads[k].astype(np.float64) * (0.05 / (norm + 1e-6))
+            p[k] = p[k] * (1 - lr * 0.2)
+            m[k] = 0.8 * m[k] + 0.2 * g
+            v2[k] = 0.9 * v2[k] + 0.1 * g * g
+            p[k] = p[k] - lr * (m[k] / (1 - 0.8 ** t)) / (np.sqrt(v2[k] / (1 - 0.9 ** t)) + 1e-3)
+    for k, value in model.state_dict().items():
+        assert_close(value, p[k], what=f"{k} after two train_steps (max_norm 0.05, lr 0.04 then 0.02)", atol=1e-5)

@@ -63,3 +63,39 @@ def test_generate_with_and_without_cache_agree_at_odd_lengths():
     a = np.asarray(L.generate(model, prompt, 21))
     b = np.asarray(L.generate(model, prompt, 21, use_cache=False))
     assert np.array_equal(a, b), f"generate with the cache {a.tolist()} differs from without {b.tolist()}"
+
+
+def test_model_at_scattered_positions_against_float64():
+    """A one-block Llama at positions [4, 9, 10, 30, 31] against the block written out here."""
+    rng = np.random.default_rng(8083)
+    D, H, Hkv, F, V, theta, eps = 16, 4, 2, 24, 19, 700.0, 1e-5
+    d = D // H
+    model = L.LlamaModel(vocab_size=V, d_model=D, num_layers=1, num_heads=H, num_kv_heads=Hkv, d_ff=F, max_seq_len=40,
+                         rms_norm_eps=eps, rope_theta=theta, rng=rng)
+    state = {k: (np.asarray(v) + rng.standard_normal(np.shape(v)).astype(np.float32) * 0.4).astype(np.float32)
+             for k, v in model.state_dict().items()}
+    model.load_state_dict(state)
+    ids = rng.integers(0, V, (2, 5))
+    pos = np.array([4, 9, 10, 30, 31])
+    p = {k: v.astype(np.float64) for k, v in state.items()}
+
+    def rms(x, w):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+    x = p["embed_tokens.weight"][ids]
+    h = rms(x, p["layers.0.input_layernorm.weight"])
+    heads = []
+    for j in range(H):
+        g = j // (H // Hkv)
+        q = _rope64(h @ p["layers.0.self_attn.q_proj.weight"][:, j * d:(j + 1) * d], pos, theta)
+        k = _rope64(h @ p["layers.0.self_attn.k_proj.weight"][:, g * d:(g + 1) * d], pos, theta)
+        v = h @ p["layers.0.self_attn.v_proj.weight"][:, g * d:(g + 1) * d]
+        s = q @ k.swapaxes(-1, -2) / np.sqrt(d) + np.triu(np.full((5, 5), -np.inf), 1)
+        w = np.exp(s - s.max(-1, keepdims=True))
+        heads.append(w / w.sum(-1, keepdims=True) @ v)
+    x = x + np.concatenate(heads, -1) @ p["layers.0.self_attn.o_proj.weight"]
+    h = rms(x, p["layers.0.post_attention_layernorm.weight"])
+    gate = h @ p["layers.0.mlp.gate_proj.weight"]
+    x = x + (gate / (1 + np.exp(-gate)) * (h @ p["layers.0.mlp.up_proj.weight"])) @ p["layers.0.mlp.down_proj.weight"]
+    expected = rms(x, p["norm.weight"]) @ p["lm_head.weight"]
+    assert_close(model(ids, pos), expected, what="a one-block LlamaModel at positions [4, 9, 10, 30, 31]", atol=1e-4)

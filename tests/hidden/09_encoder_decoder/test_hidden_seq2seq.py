@@ -62,3 +62,35 @@ def test_single_query_over_a_long_padded_source():
     expected = _mha(p, "a", x[:2].astype(np.float64), mem[:2].astype(np.float64), keep[:2, None, :])
     assert_close(out[:2], expected, what="one query over 11 source keys", atol=1e-4, rtol=1e-4)
     assert_close(out[2], layer.out_proj.bias[None, :], what="the fully padded row")
+
+
+def test_greedy_loop_against_a_plain_loop_over_decode():
+    """Padding id 2, start token 6, an EOS some rows emit: greedy_decode against a loop written
+    here that calls the model's own decode on the whole prefix at every step."""
+    rng = np.random.default_rng(9091)
+    model = M.EncoderDecoderModel(vocab_size=23, d_model=D, num_layers=1, num_heads=H, d_ff=F, max_seq_len=20,
+                                  pad_id=2, rng=rng)
+    model.load_state_dict({k: (np.asarray(v) + rng.standard_normal(np.shape(v)).astype(np.float32) * 0.6)
+                           for k, v in model.state_dict().items()})
+    src = rng.integers(3, 23, (3, 5))
+    src[1, 3:] = 2
+    keep = src != 2
+    memory = model.encode(src, keep)
+
+    def by_hand(eos, n):
+        out, done = np.full((3, 1), 6), np.zeros(3, bool)
+        for _ in range(n):
+            nxt = np.argmax(model.decode(out, memory, keep)[:, -1], -1)
+            nxt[done] = 2
+            done |= nxt == eos
+            out = np.concatenate([out, nxt[:, None]], axis=1)
+            if done.all():
+                break
+        return out
+
+    plain = by_hand(-1, 8)
+    for eos in (int(plain[0, 2]), int(plain[2, 5]), -1):
+        want = by_hand(eos, 8)
+        got = np.asarray(M.greedy_decode(model, src, 8, start_id=6, eos_id=None if eos < 0 else eos))
+        assert got.shape == want.shape and np.array_equal(got, want), (
+            f"greedy_decode(start_id=6, eos_id={eos}) with padding id 2: expected {want.tolist()}, got {got.tolist()}")
