@@ -32,7 +32,13 @@ from gptkit import Layer, as_float_array, check_last_dim, check_length, check_nd
 from layers import Dropout, LayerNorm, Linear, gelu_exact
 
 # The feed-forward's non-linearity by name; "gelu" is the exact (erf) form, as torch's and Marian's.
-ACTIVATION_FNS = {"relu": partial(np.maximum, 0), "gelu": gelu_exact}
+def silu(h: np.ndarray) -> np.ndarray:
+    """x·σ(x), σ written with tanh so nothing overflows and float32 stays float32."""
+    return h * (0.5 + 0.5 * np.tanh(0.5 * h))
+
+
+# "swish" is HuggingFace's name for SiLU (MarianMT's config says it).
+ACTIVATION_FNS = {"relu": partial(np.maximum, 0), "gelu": gelu_exact, "silu": silu, "swish": silu}
 ACTIVATIONS = tuple(ACTIVATION_FNS)
 
 
@@ -200,7 +206,7 @@ class _Block(Layer):
         self.final_layer_norm = LayerNorm(d_model, eps=layer_norm_eps)
 
     def feed_forward(self, x: np.ndarray) -> np.ndarray:
-        """fc1 → activation (ReLU or exact GELU) → dropout → fc2, (…, D) → (…, D)."""
+        """fc1 → activation (ReLU, exact GELU or SiLU) → dropout → fc2, (…, D) → (…, D)."""
         return self.fc2(self.dropout(ACTIVATION_FNS[self.activation](self.fc1(x))))
 
     def sublayer(self, x: np.ndarray, f, norm: LayerNorm) -> np.ndarray:

@@ -36,9 +36,16 @@ class Activation(Enum):
 
     RELU = "relu"
     GELU = "gelu"  # the exact (erf) form, as torch's and Marian's "gelu"
+    SILU = "silu"
+    SWISH = "swish"  # HuggingFace's name for SiLU
 
     def __call__(self, h: np.ndarray) -> np.ndarray:
-        return np.maximum(h, 0) if self is Activation.RELU else gelu_exact(h)
+        if self is Activation.RELU:
+            return np.maximum(h, 0)
+        if self is Activation.GELU:
+            return gelu_exact(h)
+        sigmoid = (1 + np.tanh(h / 2)) / 2  # σ(x) without overflow, in h's dtype
+        return h * sigmoid
 
 
 ACTIVATIONS = tuple(kind.value for kind in Activation)
@@ -205,7 +212,7 @@ class _Block(Layer):
         self.final_layer_norm = LayerNorm(d_model, eps=layer_norm_eps)
 
     def feed_forward(self, x: np.ndarray) -> np.ndarray:
-        """fc1 → activation (ReLU or exact GELU) → dropout → fc2, (…, D) → (…, D)."""
+        """fc1 → activation (ReLU, exact GELU or SiLU) → dropout → fc2, (…, D) → (…, D)."""
         return self.fc2(self.dropout(Activation(self.activation)(self.fc1(x))))
 
     def sublayer(self, x: np.ndarray, f, norm: LayerNorm) -> np.ndarray:
