@@ -226,6 +226,22 @@ def test_attention_is_causal():
                  hint="a position may attend to itself and the past only (causal_mask(T, S))")
 
 
+def test_attention_keeps_nothing_between_calls():
+    f = load_fixture(LAB, "gqa")
+
+    def fresh():
+        return _set(L.LlamaAttention(32, 4, 2, 10000.0, rng=np.random.default_rng(0)), fixture_params(f),
+                    "LlamaAttention")
+
+    attn, other = fresh(), f["positions"][::-1].cumsum()  # the same number of tokens, other positions
+    first = attn(f["x"], f["positions"])
+    second = attn(f["x"][:, ::-1], other)
+    assert_close(first, f["attention"], what="LlamaAttention, first call", diagnoses=stored_diagnoses(f, "attention"))
+    assert_close(second, fresh()(f["x"][:, ::-1], other), what=f"a second call of the same LlamaAttention at "
+                 f"positions {other.tolist()} vs a fresh layer", hint="a layer keeps nothing from one call to the "
+                 "next: compute the rotation's angles for the positions of this call")
+
+
 # --- config and checkpoints ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("case", CHECKPOINTS)
@@ -387,22 +403,6 @@ def test_model_at_positions_with_gaps_matches_huggingface():
         found = {k: v for k, v in found.items() if "LlamaBlock" not in k}  # the block is right: the model is not
     assert_close(logits, f["logits"], what=f"logits vs LlamaForCausalLM with position_ids {f['positions'].tolist()}",
                  atol=1e-4, diagnoses=found, hint=POSITIONS_HINT)
-
-
-def test_attention_keeps_nothing_between_calls():
-    f = load_fixture(LAB, "gqa")
-
-    def fresh():
-        return _set(L.LlamaAttention(32, 4, 2, 10000.0, rng=np.random.default_rng(0)), fixture_params(f),
-                    "LlamaAttention")
-
-    attn, other = fresh(), f["positions"][::-1].cumsum()  # the same number of tokens, other positions
-    first = attn(f["x"], f["positions"])
-    second = attn(f["x"][:, ::-1], other)
-    assert_close(first, f["attention"], what="LlamaAttention, first call", diagnoses=stored_diagnoses(f, "attention"))
-    assert_close(second, fresh()(f["x"][:, ::-1], other), what=f"a second call of the same LlamaAttention at "
-                 f"positions {other.tolist()} vs a fresh layer", hint="a layer keeps nothing from one call to the "
-                 "next: compute the rotation's angles for the positions of this call")
 
 
 # --- defaults the README states ---------------------------------------------------------------------

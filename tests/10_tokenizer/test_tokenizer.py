@@ -159,6 +159,15 @@ def test_pretokenize_hard_strings():
 
 # --- special tokens -----------------------------------------------------------------------------
 
+def test_split_on_special_takes_special_tokens_literally():
+    with explains_errors("split_on_special('a|b.c[d]', ['|', '.c['])",
+                         "a special token is literal text: escape it before it goes into a pattern"):
+        got = list(T.split_on_special("a|b.c[d]", ["|", ".c["]))
+    assert got == ["a", "|", "b", ".c[", "d]"], \
+        f"split_on_special('a|b.c[d]', ['|', '.c[']): expected ['a', '|', 'b', '.c[', 'd]'], got {got}: a special " \
+        "token is literal text (escape it before it goes into a pattern)"
+
+
 def test_split_on_special_keeps_each_special_token_whole():
     got = list(T.split_on_special(f"a{EOT}b {EOT}", [EOT]))
     assert got == ["a", EOT, "b ", EOT], \
@@ -173,15 +182,6 @@ def test_split_on_special_longer_special_token_wins():
         "where two special tokens overlap, the longer one wins (try them longest first)"
 
 
-def test_split_on_special_takes_special_tokens_literally():
-    with explains_errors("split_on_special('a|b.c[d]', ['|', '.c['])",
-                         "a special token is literal text: escape it before it goes into a pattern"):
-        got = list(T.split_on_special("a|b.c[d]", ["|", ".c["]))
-    assert got == ["a", "|", "b", ".c[", "d]"], \
-        f"split_on_special('a|b.c[d]', ['|', '.c[']): expected ['a', '|', 'b', '.c[', 'd]'], got {got}: a special " \
-        "token is literal text (escape it before it goes into a pattern)"
-
-
 def test_split_on_special_without_special_tokens():
     assert list(T.split_on_special("a b", [])) == ["a b"], "split_on_special with no special tokens: the text as one piece"
     assert list(T.split_on_special("", [EOT])) == [], "split_on_special of '' must give no pieces"
@@ -189,52 +189,38 @@ def test_split_on_special_without_special_tokens():
 
 # --- merging a pair --------------------------------------------------------------------------------
 
-def test_merge_word_replaces_every_occurrence():
-    got = list(T.merge_word([1, 2, 3, 1, 2, 1, 2], (1, 2), 9))
-    assert got == [9, 3, 9, 9], f"merge_word([1, 2, 3, 1, 2, 1, 2], (1, 2), 9): expected [9, 3, 9, 9], got {got}: " \
-                                "every occurrence of the pair is merged"
+def _merge_hint(got, pair):
+    """What a wrong merge_word shows: the pair still in its output, or positions used twice."""
+    if any(tuple(got[i:i + 2]) == pair for i in range(len(got) - 1)):
+        return "the pair is still there: every occurrence of the pair is merged, the scan goes on after a merge"
+    return "overlapping occurrences merge left to right, each position once"
 
 
 def test_merge_word_overlapping_pairs_merge_from_the_left():
     for word, expected in (([5, 5, 5], [9, 5]), ([5, 5, 5, 5], [9, 9]), ([5], [5]), ([], [])):
         got = list(T.merge_word(word, (5, 5), 9))
-        assert got == expected, f"merge_word({word}, (5, 5), 9): expected {expected}, got {got}: overlapping " \
-                                "occurrences merge left to right, each position once"
+        assert got == expected, f"merge_word({word}, (5, 5), 9): expected {expected}, got {got}: " \
+                                + _merge_hint(got, (5, 5))
+
+
+def test_merge_word_replaces_every_occurrence():
+    got = list(T.merge_word([1, 2, 3, 1, 2, 1, 2], (1, 2), 9))
+    assert got == [9, 3, 9, 9], f"merge_word([1, 2, 3, 1, 2, 1, 2], (1, 2), 9): expected [9, 3, 9, 9], got {got}: " \
+                                + _merge_hint(got, (1, 2))
 
 
 # --- training --------------------------------------------------------------------------------------
 
-def test_train_bpe_tie_break_takes_the_greatest_pair():
-    # "ab cd" holds (a, b), (' ', c) and (c, d) once each: (c, d) is the greatest by bytes,
-    # then (a, b) beats (' ', cd) since b"a" > b" ".
-    _, merges = T.train_bpe("ab cd", 258)
-    _assert_merges(merges, [(b"c", b"d"), (b"a", b"b")], "train_bpe('ab cd', 258)",
-                   "The tie-break: among pairs with equal counts the lexicographically greatest pair wins, "
-                   "comparing (left bytes, right bytes)")
-
-
-def test_train_bpe_tie_break_compares_bytes_not_ids():
-    # After (z, z) → 256 and (a, a) → 257, the pairs (zz, zz) and (aa, aa) tie; bytes say b"zz" > b"aa",
-    # ids say 257 > 256. (Newlines part the words without a leading space.)
-    _, merges = T.train_bpe("zzzz\nzzzz\nzzb\naaaa\naaaa\naab", 256 + 4)
-    expected = [(b"z", b"z"), (b"a", b"a"), (b"zz", b"zz"), (b"aa", b"aa")]
-    _assert_merges(merges, expected, "train_bpe on words of z and a",
-                   "The tie-break compares the pairs' bytes (vocab[left], vocab[right]), not their ids")
-
-
-def test_train_bpe_counts_overlapping_pairs():
-    # "aaa" holds (a, a) twice: it beats (b, c), which a tie-break on a single count would pick.
-    _, merges = T.train_bpe("aaa bc", 257)
-    _assert_merges(merges, [(b"a", b"a")], "train_bpe('aaa bc', 257)",
-                   "Overlapping pairs: 'aaa' holds the pair (a, a) twice (count every adjacent position)")
-
-
-def test_train_bpe_weights_pairs_by_how_often_each_pre_token_occurs():
-    # " ab" occurs three times: (a, b) is counted 3 + 1 = 4 times, more than (q, r)'s 2 in " qrqr".
-    _, merges = T.train_bpe("ab ab ab ab qrqr", 257)
-    _assert_merges(merges, [(b"a", b"b")], "train_bpe('ab ab ab ab qrqr', 257)",
-                   "A pair's count is summed over every occurrence of every pre-token (each distinct pre-token "
-                   "weighted by how often it occurs)")
+def test_train_bpe_vocab_size_gives_the_number_of_merges():
+    text = "the cat sat on the mat with the hat and the bat " * 5
+    for specials, n in (([], 10), ([EOT], 7), ([EOT, "<pad>"], 1), ([], 0)):
+        size = 256 + len(specials) + n
+        with explains_errors(f"train_bpe(vocab_size={size}, {len(specials)} special token(s))", RECOUNT):
+            vocab, merges = T.train_bpe(text, size, specials)
+        assert len(merges) == n and len(vocab) == size, (
+            f"train_bpe(vocab_size={size}, {len(specials)} special token(s)): expected {n} merges and {size} "
+            f"tokens, got {len(merges)} merges and {len(vocab)} tokens: vocab_size counts the 256 bytes, the "
+            "special tokens and the merges, no more and no fewer")
 
 
 def test_train_bpe_never_merges_across_pre_tokens():
@@ -255,15 +241,37 @@ def test_train_bpe_never_merges_into_special_tokens():
         f"train_bpe: the special token {EOT!r} must have the last id, {max(vocab)}; got {vocab[max(vocab)]!r} there"
 
 
-def test_train_bpe_vocab_size_gives_the_number_of_merges():
-    text = "the cat sat on the mat with the hat and the bat " * 5
-    for specials, n in (([], 10), ([EOT], 7), ([EOT, "<pad>"], 1), ([], 0)):
-        size = 256 + len(specials) + n
-        vocab, merges = T.train_bpe(text, size, specials)
-        assert len(merges) == n and len(vocab) == size, (
-            f"train_bpe(vocab_size={size}, {len(specials)} special token(s)): expected {n} merges and {size} "
-            f"tokens, got {len(merges)} merges and {len(vocab)} tokens: vocab_size counts the 256 bytes, the "
-            "special tokens and the merges, no more and no fewer")
+def test_train_bpe_weights_pairs_by_how_often_each_pre_token_occurs():
+    # " ab" occurs three times: (a, b) is counted 3 + 1 = 4 times, more than (q, r)'s 2 in " qrqr".
+    _, merges = T.train_bpe("ab ab ab ab qrqr", 257)
+    _assert_merges(merges, [(b"a", b"b")], "train_bpe('ab ab ab ab qrqr', 257)",
+                   "A pair's count is summed over every occurrence of every pre-token (each distinct pre-token "
+                   "weighted by how often it occurs)")
+
+
+def test_train_bpe_counts_overlapping_pairs():
+    # "aaa" holds (a, a) twice: it beats (b, c), which a tie-break on a single count would pick.
+    _, merges = T.train_bpe("aaa bc", 257)
+    _assert_merges(merges, [(b"a", b"a")], "train_bpe('aaa bc', 257)",
+                   "Overlapping pairs: 'aaa' holds the pair (a, a) twice (count every adjacent position)")
+
+
+def test_train_bpe_tie_break_takes_the_greatest_pair():
+    # "ab cd" holds (a, b), (' ', c) and (c, d) once each: (c, d) is the greatest by bytes,
+    # then (a, b) beats (' ', cd) since b"a" > b" ".
+    _, merges = T.train_bpe("ab cd", 258)
+    _assert_merges(merges, [(b"c", b"d"), (b"a", b"b")], "train_bpe('ab cd', 258)",
+                   "The tie-break: among pairs with equal counts the lexicographically greatest pair wins, "
+                   "comparing (left bytes, right bytes)")
+
+
+def test_train_bpe_tie_break_compares_bytes_not_ids():
+    # After (z, z) → 256 and (a, a) → 257, the pairs (zz, zz) and (aa, aa) tie; bytes say b"zz" > b"aa",
+    # ids say 257 > 256. (Newlines part the words without a leading space.)
+    _, merges = T.train_bpe("zzzz\nzzzz\nzzb\naaaa\naaaa\naab", 256 + 4)
+    expected = [(b"z", b"z"), (b"a", b"a"), (b"zz", b"zz"), (b"aa", b"aa")]
+    _assert_merges(merges, expected, "train_bpe on words of z and a",
+                   "The tie-break compares the pairs' bytes (vocab[left], vocab[right]), not their ids")
 
 
 def test_train_bpe_lays_the_vocabulary_out_as_gpt2():
