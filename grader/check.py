@@ -34,13 +34,8 @@ def lab_names(targets: list[str], root: Path = KIT_ROOT) -> list[str]:
     return out
 
 
-def _first_line(message: str, limit: int = 200) -> str:
-    line = next((ln.strip() for ln in message.splitlines() if ln.strip()), "")
-    return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
 def render(result, *, isolation: str, hidden: bool) -> str:
-    from grader.outputs import REVIEW, is_review, pts
+    from grader.outputs import REVIEW, first_line, is_review, pts
 
     lines = []
     for lab, lr in result.labs.items():
@@ -49,7 +44,7 @@ def render(result, *, isolation: str, hidden: bool) -> str:
         failed = [t for t in lr.tests if t.outcome != "passed"]
         for t in failed[:8]:
             name = "a hidden test" if t.hidden else t.nodeid.split("::")[-1]
-            lines.append(f"  ✗ {name}: {_first_line(t.message) or t.outcome}")
+            lines.append(f"  ✗ {name}: {first_line(t.message, 200) or t.outcome}")
         if len(failed) > 8:
             lines.append(f"  … and {len(failed) - 8} more")
         for f in lr.flags:

@@ -142,8 +142,8 @@ class Grader:
         self.own_chain = own_chain or not self.reference
         self.force = force
         self.log = log
-        source = KIT_ROOT / ("solutions" if self.reference else "labs")
-        all_labs = [lab.name for lab in lab_dirs(source)]
+        self.source = KIT_ROOT / ("solutions" if self.reference else "labs")  # the labs' own files
+        all_labs = [lab.name for lab in lab_dirs(self.source)]
         self.labs = [name for name in all_labs if not labs or name in labs or name[:2] in labs]
         if labs and not self.labs:
             raise SubmissionError(f"no lab matches {labs}; labs are {', '.join(all_labs)}")
@@ -151,7 +151,7 @@ class Grader:
         missing = [lab for lab in self.labs if lab not in self.rubric]
         if missing:
             raise SubmissionError(f"grader/rubric.toml has no entry for {', '.join(missing)}")
-        self.all_wanted = expected_files(source)
+        self.all_wanted = expected_files(self.source)
         self.wanted = {k: v for k, v in self.all_wanted.items() if k in self.labs}
         self.digest = kit_digest(self.labs) + ("-own" if self.own_chain else "")
         self.cache = self.out_dir / ".cache" / self.digest
@@ -212,13 +212,13 @@ class Grader:
         (kit / "pyproject.toml").write_text(ini, encoding="utf-8")
         for name, src in runner.boot_files().items():
             shutil.copy2(src, kit / name)
-        self._precompile(kit)
+        self._precompile(kit, self.source)
         for p in kit.rglob("*"):
             p.chmod(0o755 if p.is_dir() else 0o644)
         (kit / ".complete").write_text("")
 
     @staticmethod
-    def _precompile(kit: Path) -> None:
+    def _precompile(kit: Path, impl: Path) -> None:
         """Bytecode for the kit, made once here: the test and lab processes run with -B on a
         read-only copy, so each would otherwise compile the kit's modules, and rewrite and
         compile every test module, again for every submission (about 0.9 s of CPU for labs
@@ -232,8 +232,7 @@ class Grader:
         env["PYTHONPATH"] = str(kit)
         try:
             subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                            f"--impl={KIT_ROOT / ('solutions' if (KIT_ROOT / 'solutions').is_dir() else 'labs')}",
-                            "tests"], cwd=kit, env=env,
+                            f"--impl={impl}", "tests"], cwd=kit, env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
         except (OSError, subprocess.TimeoutExpired):
             pass

@@ -23,7 +23,7 @@ def _short(nodeid: str) -> str:
     return nodeid.split("/")[-1]
 
 
-def _first_line(message: str, limit: int = 300) -> str:
+def first_line(message: str, limit: int = 300) -> str:
     line = next((ln.strip() for ln in message.splitlines() if ln.strip()), "")
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
@@ -67,7 +67,7 @@ def feedback_markdown(r: StudentResult) -> str:
             if t.hidden:
                 groups.setdefault("(hidden: no details)", []).append(hidden[t.nodeid])
             else:
-                reason = _first_line(t.message, 600) or t.outcome
+                reason = first_line(t.message, 600) or t.outcome
                 groups.setdefault(reason, []).append(f"`{_short(t.nodeid).split('::')[-1]}`")
         for reason, names in groups.items():
             shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
@@ -89,7 +89,7 @@ def gradescope_json(r: StudentResult) -> dict:
             else:
                 entry["visibility"] = "visible"
                 if t.outcome != "passed":
-                    entry["output"] = _first_line(t.message, 1500)
+                    entry["output"] = first_line(t.message, 1500)
             tests.append(entry)
     out = {"score": round(r.total, 4), "tests": tests, "visibility": "visible",
            "stdout_visibility": "hidden"}
@@ -114,7 +114,7 @@ def _never_ran(lr) -> bool:
 
 def _not_run(lr) -> str:
     """Why a lab did not run at all (its file missing), or ""."""
-    return f" ({_first_line(lr.tests[0].message, 300)})" if _never_ran(lr) else ""
+    return f" ({first_line(lr.tests[0].message, 300)})" if _never_ran(lr) else ""
 
 
 def write_student(grader, r: StudentResult) -> None:
@@ -158,7 +158,7 @@ _MATCHES = re.compile(r"Your result matches (.+?)(?:\.\s|\.?$)", re.S)  # up to 
 def failure_kind(message: str) -> str:
     """A failure message reduced to its concept, so one mistake made by many students
     counts as one kind: "attention weights: wrong values (matches … no 1/√d scaling)"."""
-    line = re.sub(r"^(AssertionError|Failed): ", "", _first_line(message, 400))
+    line = re.sub(r"^(AssertionError|Failed): ", "", first_line(message, 400))
     m = _DIFFER.match(line)
     if m:
         kind = f"{m.group('what')}: wrong values"
