@@ -118,7 +118,7 @@ def cmd_grade(args) -> int:
     limits = Limits(wall_seconds=args.timeout, lab_seconds=min(args.lab_timeout, args.timeout),
                     test_seconds=args.test_timeout, memory_mb=args.memory)
     try:
-        grader = Grader(Path(args.out), _labs(args.labs), limits=limits, own_chain=args.own_chain, force=args.force,
+        grader = Grader(Path(args.out), _labs(args.labs), limits=limits, force=args.force,
                         log=lambda m: print(m, file=sys.stderr))
         total = len(discover([Path(p) for p in args.paths]))
     except SubmissionError as exc:
@@ -164,7 +164,8 @@ def cmd_release(args) -> int:
         print(f"grader release: {exc}", file=sys.stderr)
         return 1
     print(f"wrote the student copy to {args.out}: {', '.join(entries)}")
-    print("checked: no solutions, hidden tests, bug catalogue or grader; no solution line in any file")
+    print("checked: no solutions, hidden tests, bug catalogue or instructors' pages; no solution line in any "
+          "file (its grader offers `grader check` alone)")
     return 0
 
 
@@ -221,8 +222,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--out", default="grading", help="output folder (default: ./grading)")
     s.add_argument("-j", "--jobs", type=int, default=2, help="submissions graded in parallel (default 2)")
     _labs_option(s, "to grade")
-    s.add_argument("--own-chain", action="store_true",
-                   help="run lab N on the student's own labs < N (default: the reference code for labs < N)")
     s.add_argument("--force", action="store_true", help="regrade students who already have a current result")
     s.add_argument("--timeout", type=float, default=600, help="wall-clock seconds per submission (default 600)")
     s.add_argument("--lab-timeout", type=float, default=120, help="wall-clock seconds per lab (default 120)")

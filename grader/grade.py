@@ -1,26 +1,24 @@
 """``grader grade``: grade a class of untrusted submissions.
 
 For each student and each lab: build a scratch folder with the kit's pristine tests
-(public and hidden), the student's lab file and — by default — the reference code of
-earlier labs (as bytecode, no source), run it in the sandbox, and score the tests from
-the sandbox's own reports. Scores come from the tests alone: the static review
+(public and hidden) and the student's own files of that lab and of every lab before it
+(lab N imports the student's earlier labs, as it does under ``uv run pytest``; no
+reference code of any lab reaches a process that runs student code), run it in the
+sandbox, and score the tests from the sandbox's own reports. Scores come from the tests alone: the static review
 (``grader/policy.py``) only adds notes "for review". Results are written per student,
 atomically, as soon as that student is done, so a batch that is killed and started again
 only grades who is left.
 
 Where the kit has no reference solutions (a student's copy, for ``grader check``), the
-labs are the student's own, earlier labs included, and every test the lab's run reports
-counts (no calibration on the reference).
+same files are graded the same way, and every test the lab's run reports counts (no
+calibration on the reference).
 """
 
 from __future__ import annotations
 
-import ast
-import functools
 import hashlib
 import json
 import os
-import py_compile
 import shutil
 import subprocess
 import sys
@@ -79,7 +77,6 @@ class StudentResult:
     error: str = ""  # set when the submission could not be graded at all
     isolation: str = ""
     seconds: float = 0.0
-    own_chain: bool = False
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -134,12 +131,11 @@ def _share_cores(jobs: int) -> dict[int, set[int]]:
 
 class Grader:
     def __init__(self, out_dir: Path, labs: list[str] | None = None, *, limits: runner.Limits | None = None,
-                 own_chain: bool = False, force: bool = False, log=print):
+                 force: bool = False, log=print):
         self.out_dir = Path(out_dir).resolve()
         self.limits = limits or runner.Limits()
-        # A student's copy has no reference: its labs are the student's own, all the way down.
+        # A student's copy has no reference solutions: no calibration, no hidden tests.
         self.reference = (KIT_ROOT / "solutions").is_dir()
-        self.own_chain = own_chain or not self.reference
         self.force = force
         self.log = log
         self.source = KIT_ROOT / ("solutions" if self.reference else "labs")  # the labs' own files
@@ -153,7 +149,7 @@ class Grader:
             raise SubmissionError(f"grader/rubric.toml has no entry for {', '.join(missing)}")
         self.all_wanted = expected_files(self.source)
         self.wanted = {k: v for k, v in self.all_wanted.items() if k in self.labs}
-        self.digest = kit_digest(self.labs) + ("-own" if self.own_chain else "")
+        self.digest = kit_digest(self.labs)
         self.cache = self.out_dir / ".cache" / self.digest
         self.isolation = runner.isolation_mode()
         self.cpu_sets: dict[int, set[int]] = {}  # run_batch's: slot → its cores
@@ -163,7 +159,6 @@ class Grader:
     def prepare(self) -> None:
         self.cache.mkdir(parents=True, exist_ok=True)
         self._build_kit_template()
-        self._compile_reference()
         if not self.reference:
             return  # graded: every test the student's run reports (see _score)
         calib = self.cache / "calibration.json"
@@ -172,8 +167,8 @@ class Grader:
             return
         self.log(f"calibrating: running the tests on the reference solutions ({self.isolation} isolation) …")
         ref = Submission("reference", KIT_ROOT / "solutions")
-        for lab in self.labs:
-            ref.files[lab] = {m: (KIT_ROOT / "solutions" / lab / f"{m}.py").read_bytes() for m in self.wanted[lab]}
+        for lab in self._read_wanted():
+            ref.files[lab] = {p.name: p.read_bytes() for p in sorted((KIT_ROOT / "solutions" / lab).glob("*.py"))}
         raw_by_lab = self._run_submission(ref, slot=0)
         problems, graded = [], {}
         for lab in self.labs:
@@ -255,80 +250,46 @@ class Grader:
         except (OSError, subprocess.TimeoutExpired):
             pass
 
-    def _compile_reference(self) -> None:
-        for lab in lab_dirs(KIT_ROOT / "solutions"):
-            for module in lab.modules():
-                dst = self.cache / "reference" / lab.name / f"{module}.pyc"
-                if not dst.is_file():
-                    dst.parent.mkdir(parents=True, exist_ok=True)
-                    py_compile.compile(str(lab.code_dir / f"{module}.py"), cfile=str(dst),
-                                       dfile=f"<reference {module}>", doraise=True, optimize=2)
-
     # -- one submission -------------------------------------------------------------------
-    def _lab_modules(self, lab: str) -> list[str]:
-        """Modules beyond the standard library that ``lab``'s code uses without a review note."""
+    def _lab_modules(self, lab: str, sub: Submission) -> list[str]:
+        """Modules beyond the standard library that ``lab``'s code uses without a review note:
+        the rubric's, the kit's lab modules, and the student's own modules (helpers included)."""
         rub: LabRubric = self.rubric[lab]
-        earlier = [m for name, mods in self.all_wanted.items() if name <= lab for m in mods]
-        return rub.allowed_imports + earlier
+        kit = [m for mods in self.all_wanted.values() for m in mods]
+        own = {rel.split("/")[0].removesuffix(".py") for files in sub.files.values() for rel in files
+               if rel.endswith(".py")}
+        return rub.allowed_imports + kit + sorted(own)
 
     def review(self, lab: str, sub: Submission) -> list[str]:
         """The static review's notes on a lab's files ("labs/…/x.py line 3: imports gc: …")."""
         out = []
-        for module, data in sub.files.get(lab, {}).items():
+        allowed = self._lab_modules(lab, sub)
+        for rel, data in sub.python_files(lab).items():
             text = data.decode("utf-8", "replace")
-            for finding in policy.review_source(text, self._lab_modules(lab)):
-                out.append(f"labs/{lab}/src/{module}.py {finding}")
+            for finding in policy.review_source(text, allowed):
+                out.append(f"labs/{lab}/src/{rel} {finding}")
         return out
 
-    @staticmethod
-    @functools.lru_cache(maxsize=None)
-    def _reference_names(lab: str, module: str) -> frozenset[str]:
-        """What the reference module of an earlier lab offers to import: every name its top
-        level binds (functions, classes, constants, and what it imports itself)."""
-        path = KIT_ROOT / "solutions" / lab / f"{module}.py"
-        if not path.is_file():
-            return frozenset()
-        names = set()
-        for node in ast.parse(path.read_text(encoding="utf-8")).body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                names.add(node.name)
-            elif isinstance(node, (ast.Import, ast.ImportFrom)):
-                names.update((a.asname or a.name).split(".")[0] for a in node.names)
-            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-                for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
-                    names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
-        return frozenset(names)
+    def name_clashes(self, sub: Submission) -> list[str]:
+        """Top-level names (modules, helper packages, data files) that two labs of one
+        submission both hold, or that a lab holds under another lab's module name: Python
+        imports the first lab's file in both, as ``uv run pytest`` does, so the note says so."""
+        owner: dict[str, str] = {m: lab for lab, mods in self.all_wanted.items() for m in mods}
+        seen: dict[str, str] = {}
+        notes = []
+        for lab in sorted(sub.files):
+            for top in sorted({rel.split("/")[0] for rel in sub.files[lab]}):
+                name = top.removesuffix(".py")
+                first = seen.get(name) or (owner.get(name) if owner.get(name) != lab else None)
+                if first and first != lab:
+                    notes.append(f"labs/{lab}/src/{top} has the name of a file of labs/{first}/src: Python finds "
+                                 f"lab {first[:2]}'s first in both labs (rename one)")
+                else:
+                    seen.setdefault(name, lab)
+        return notes
 
-    def own_names(self, lab: str, sub: Submission) -> dict[str, list[str]]:
-        """Earlier lab module → the names the student's ``lab`` imports from it that the
-        reference module lacks (helpers of the student's own, e.g. a config class). Such a
-        lab runs on the student's own earlier labs: on the reference it could not import."""
-        earlier = {m: name for name, mods in self.all_wanted.items() if name < lab for m in mods}
-        found: dict[str, set[str]] = {}
-        for data in sub.files.get(lab, {}).values():
-            try:
-                tree = ast.parse(data.decode("utf-8", "replace"))
-            except (SyntaxError, ValueError):
-                continue
-            aliases = {}
-            for node in ast.walk(tree):
-                if isinstance(node, ast.ImportFrom) and node.module in earlier and not node.level:
-                    found.setdefault(node.module, set()).update(a.name for a in node.names if a.name != "*")
-                elif isinstance(node, ast.Import):
-                    aliases.update({a.asname or a.name: a.name for a in node.names if a.name in earlier})
-            for node in ast.walk(tree):
-                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
-                    found.setdefault(aliases[node.value.id], set()).add(node.attr)
-        out = {}
-        for module, names in found.items():
-            missing = sorted(names - self._reference_names(earlier[module], module))
-            if missing:
-                out[module] = missing
-        return out
-
-    def _run_submission(self, sub: Submission, slot: int, runnable: list[str] | None = None,
-                        own_labs: frozenset[str] = frozenset()) -> runner.RawRun:
-        """``own_labs``: labs that run on the student's own earlier labs, whatever ``own_chain``."""
+    def _run_submission(self, sub: Submission, slot: int, runnable: list[str] | None = None) -> runner.RawRun:
+        """Lab N's tree holds the submission's files of labs ≤ N, each lab in its own folder."""
         runnable = self.labs if runnable is None else runnable
         if not runnable:
             return runner.RawRun(isolation=self.isolation)
@@ -342,21 +303,12 @@ class Grader:
             jobs = []
             for lab in runnable:
                 tree = scratch / "impl" / lab
-                for earlier in [name for name in self.all_wanted if name < lab]:
-                    d = tree / earlier
+                for name in [name for name in self.all_wanted if name <= lab]:
+                    d = tree / name
                     d.mkdir(parents=True, exist_ok=True)
-                    own = sub.files.get(earlier, {}) if self.own_chain or lab in own_labs else {}
-                    for module in self.all_wanted[earlier]:
-                        reference = self.cache / "reference" / earlier / f"{module}.pyc"
-                        if module in own:
-                            (d / f"{module}.py").write_bytes(own[module])
-                        elif reference.is_file():
-                            shutil.copy2(reference, d / f"{module}.pyc")
-                        # else: a student's copy without that file; the tests say what is missing
-                d = tree / lab
-                d.mkdir(parents=True, exist_ok=True)
-                for module, data in sub.files.get(lab, {}).items():
-                    (d / f"{module}.py").write_bytes(data)
+                    for rel, data in sub.files.get(name, {}).items():
+                        (d / rel).parent.mkdir(parents=True, exist_ok=True)
+                        (d / rel).write_bytes(data)
                 tests = [f"tests/{lab}"]
                 if (kit / HIDDEN_DIR / lab).is_dir():
                     tests.append(f"{HIDDEN_DIR}/{lab}")
@@ -376,8 +328,7 @@ class Grader:
 
     def grade(self, student: str, path: Path, slot: int = 0) -> StudentResult:
         start = time.monotonic()
-        res = StudentResult(student, str(path), kit_digest=self.digest, own_chain=self.own_chain,
-                            isolation=self.isolation)
+        res = StudentResult(student, str(path), kit_digest=self.digest, isolation=self.isolation)
         try:
             sub = read_submission(student, path, self._read_wanted())
         except SubmissionError as exc:
@@ -386,32 +337,32 @@ class Grader:
             self._score_empty(res, f"not graded: {exc}")
             return res
         res.submission_digest = sub.digest()
-        res.flags += sub.notes
-        runnable, not_run, notes, own_labs = [], {}, {}, set()
+        res.flags += sub.notes + self.name_clashes(sub)
+        runnable, not_run, notes = [], {}, {}
         for lab in self.labs:
-            missing = [m for m in self.wanted[lab] if m not in sub.files.get(lab, {})]
+            missing = [m for m in self.wanted[lab] if m not in sub.modules(lab)]
             notes[lab] = self.review(lab, sub)
-            own = {} if self.own_chain else self.own_names(lab, sub)
-            if own:
-                own_labs.add(lab)
-                what = "; ".join(f"{', '.join(names)} from {module}" for module, names in own.items())
-                res.flags.append(f"{lab} ran on your own earlier labs: it imports {what}, which only your "
-                                 "code defines (other labs run on the reference code below them)")
-            for module, data in sub.files.get(lab, {}).items():
+            for rel, data in sub.python_files(lab).items():
                 try:
-                    compile(data, f"labs/{lab}/src/{module}.py", "exec", dont_inherit=True)
+                    compile(data, f"labs/{lab}/src/{rel}", "exec", dont_inherit=True)
                 except SyntaxError as exc:
-                    res.flags.append(f"syntax error in labs/{lab}/src/{module}.py line {exc.lineno}: {exc.msg}")
+                    res.flags.append(f"syntax error in labs/{lab}/src/{rel} line {exc.lineno}: {exc.msg}")
                 except ValueError as exc:  # e.g. null bytes
-                    res.flags.append(f"labs/{lab}/src/{module}.py cannot be compiled: {exc}")
+                    res.flags.append(f"labs/{lab}/src/{rel} cannot be compiled: {exc}")
+            # Lab N runs on the student's own labs before it: without their files it cannot import.
+            earlier = [f"labs/{name}/src/{m}.py" for name, mods in self.all_wanted.items() if name < lab
+                       for m in mods if m not in sub.modules(name)]
             if missing:
                 not_run[lab] = "missing from the submission: " + ", ".join(f"labs/{lab}/src/{m}.py" for m in missing)
+            elif earlier:
+                not_run[lab] = ("not run: this lab imports your earlier labs, and the submission lacks "
+                                + ", ".join(earlier[:4]) + (" …" if len(earlier) > 4 else ""))
             else:
                 runnable.append(lab)
         absent = [lab for lab, why in not_run.items() if why.startswith("missing")]
         if absent:
             res.flags.append("missing lab files: " + ", ".join(absent))
-        raw = self._run_submission(sub, slot, runnable, frozenset(own_labs))
+        raw = self._run_submission(sub, slot, runnable)
         if raw.killed:
             res.flags.append(raw.killed)
         self._score(res, raw, not_run, notes)
@@ -419,9 +370,8 @@ class Grader:
         return res
 
     def _read_wanted(self) -> dict[str, list[str]]:
-        """The files to read from a submission: its graded labs' and the earlier labs' that
-        those may import (on the student's own chain, or for a name only the student's
-        earlier lab defines)."""
+        """The labs to read from a submission: its graded labs and the earlier labs they
+        import."""
         last = max(self.labs)
         return {lab: mods for lab, mods in self.all_wanted.items() if lab <= last}
 
@@ -523,6 +473,11 @@ class Grader:
             lr.points = round(sum(t.points for t in lr.tests), 4)
             lr.max_points = round(sum(t.max_points for t in lr.tests), 4)
             res.labs[lab] = lr
+        for lab, lr in res.labs.items():  # every lab runs on the student's own earlier labs
+            earlier = [e for e, er in res.labs.items() if e < lab and er.points < er.max_points]
+            if lr.points < lr.max_points and earlier:
+                lr.flags.append(f"this lab runs on your own earlier labs, and {', '.join(earlier)} lost points of "
+                                "its own: fix it first, since its mistakes can fail tests here too")
         res.total = round(sum(lr.points for lr in res.labs.values()), 4)
         res.max_total = round(sum(lr.max_points for lr in res.labs.values()), 4)
 

@@ -26,7 +26,7 @@ modules that compute, not reach into the interpreter (``collections``, ``itertoo
   (``f_back``, ``__globals__``, ``__subclasses__``, ``.ctypes`` …), also written as a
   string (``getattr(x, "__globals__")``);
 - strings naming the kit's files or other processes (``solutions/``, ``tests/``,
-  fixtures, ``.npz``, ``/proc``, the gradebook …);
+  fixtures, compiled ``.pyc`` files, ``/proc``, the gradebook …);
 - special methods that fake comparisons or hook NumPy's array protocol (``__eq__``,
   ``__array_ufunc__`` …), where a test compares what lab code returns;
 - assignments into an imported module (monkeypatching), with ``=``, ``del`` or
@@ -53,7 +53,7 @@ def _names(text: str) -> frozenset[str]:
 # Module (dotted; its submodules come with it) → why its import is worth a look.
 REVIEW_MODULES: dict[str, str] = {
     **dict.fromkeys(("gc", "inspect", "ctypes", "_ctypes", "cffi", "importlib", "imp", "pkgutil", "zipimport",
-                     "runpy", "marshal", "pickle", "copyreg", "dill", "cloudpickle", "code", "codeop", "dis",
+                     "runpy", "marshal", "dill", "cloudpickle", "code", "codeop", "dis",
                      "builtins", "__main__", "sysconfig", "site", "atexit", "faulthandler", "tracemalloc",
                      "trace", "pdb", "bdb", "_thread", "_posixsubprocess"),
                     "it reaches into the interpreter: its objects, frames, code or import machinery"),
@@ -83,8 +83,7 @@ REVIEW_ATTRS: dict[str, str] = {
     **{f"sys.{a}": "it reaches the interpreter's frames, modules, hooks or exit" for a in """
         _getframe _current_frames _current_exceptions modules meta_path path_hooks path_importer_cache
         settrace setprofile gettrace getprofile addaudithook audit exit excepthook displayhook
-        breakpointhook unraisablehook __stdout__ __stderr__ __stdin__ _xoptions setrecursionlimit
-        setswitchinterval remote_exec
+        breakpointhook unraisablehook __stdout__ __stderr__ __stdin__ _xoptions setswitchinterval remote_exec
     """.split()},
     **{f"numpy.{a}": "it reaches raw memory, the test helpers or NumPy's internals" for a in """
         ctypeslib testing _core core f2py distutils
@@ -119,7 +118,7 @@ REVIEW_SPECIAL_METHODS = _names("""
 
 # Strings that name the kit's files, other processes or the grader's outputs.
 KIT_PATHS = re.compile(r"""[/\\](solutions|tests|hidden|fixtures|sandbox|impl|kit)\b|\b(solutions|tests|hidden|fixtures)[/\\]
-                         |\.npz\b|\.pyc\b|\.\./|^/(proc|etc|sys|dev|root|home)\b|gradebook|results?\.json|conftest
+                         |\.pyc\b|\.\./|^/(proc|etc|sys|dev|root|home)\b|gradebook|results?\.json|conftest
                          |\.hypothesis""", re.X)
 
 # Modules lab code uses without a note besides the standard library: NumPy, the kit's

@@ -1,22 +1,30 @@
 """``grader release OUT``: the student copy of the kit.
 
-It holds the stubs, the lab READMEs, the public tests with their fixtures, the docs,
-the ``gptkit`` helpers, the ``grader`` package (in a copy without solutions it offers
-``grader check`` alone: a student runs their labs as the grader will), a student README,
-and pyproject/uv.lock. It holds no solutions, no hidden tests, no bug catalogue — and it
-is checked: no line of any solution block may appear in any file of the release.
+It holds the stubs, the lab READMEs, the public tests with their fixtures, the concept
+pages (``docs/NN_name.md`` and their index), the ``gptkit`` helpers, the ``grader``
+package (in a copy without solutions it offers ``grader check`` alone: a student runs
+their labs as the grader will) with the list of each lab's modules, a student README,
+and pyproject/uv.lock. It holds no solutions, no hidden tests, no bug catalogue, and
+none of the instructors' pages (grading, similarity thresholds, the trust model,
+benchmarks, contributing) — and it is checked: no line of any solution block may appear
+in any file of the release.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 from pathlib import Path
 
 from gptkit.testing.layout import KIT_ROOT, LAB_DIR_RE, lab_dirs
 from grader.stubs import BEGIN, END, expected_stubs, stale_stubs
+from grader.submission import MANIFEST, expected_files
 
 TEMPLATE = Path(__file__).with_name("templates") / "STUDENT_README.md"
 MIN_LEAK_CHARS = 20  # shorter lines ("return x") are too generic to call a leak
+STUDENT_DOCS = re.compile(r"^\d\d_[a-z0-9_]+\.md$")  # the concept pages; the other pages are the instructors'
+INSTRUCTOR_SECTION = "## Other pages"  # where the docs index starts listing the instructors' pages
 
 
 class ReleaseError(RuntimeError):
@@ -87,8 +95,8 @@ def release(out: Path, *, force: bool = False) -> list[str]:
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "make_fixtures.py"))
     shutil.copytree(KIT_ROOT / "gptkit", out / "gptkit", ignore=skip)
     shutil.copytree(KIT_ROOT / "grader", out / "grader", ignore=skip)
-    if (KIT_ROOT / "docs").is_dir():
-        shutil.copytree(KIT_ROOT / "docs", out / "docs", ignore=skip)
+    (out / "grader" / MANIFEST.name).write_text(json.dumps(expected_files(), indent=1) + "\n", encoding="utf-8")
+    write_student_docs(out / "docs")
     shutil.copy2(TEMPLATE, out / "README.md")
     shutil.copy2(KIT_ROOT / "pyproject.toml", out / "pyproject.toml")
     shutil.copy2(KIT_ROOT / "uv.lock", out / "uv.lock")
@@ -98,3 +106,19 @@ def release(out: Path, *, force: bool = False) -> list[str]:
         shutil.rmtree(out)
         raise ReleaseError("solution text found in the release (nothing was written):\n  " + "\n  ".join(leaks[:20]))
     return sorted(p.name for p in out.iterdir())
+
+
+def write_student_docs(out: Path, docs: Path = KIT_ROOT / "docs") -> list[str]:
+    """The concept pages and their index, without the index's list of instructors' pages."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for page in sorted(docs.glob("*.md")):
+        if STUDENT_DOCS.match(page.name):
+            shutil.copy2(page, out / page.name)
+            written.append(page.name)
+    index = docs / "README.md"
+    if index.is_file():
+        text = index.read_text(encoding="utf-8")
+        (out / "README.md").write_text(text.split(INSTRUCTOR_SECTION, 1)[0].rstrip() + "\n", encoding="utf-8")
+        written.append("README.md")
+    return written

@@ -1,14 +1,17 @@
 """Reading submissions: a student's copy of the kit as a folder or a .zip.
 
-Only the files the labs ask students to write are taken (``labs/NN_name/src/<module>.py``
-for the modules the reference solution defines); everything else in a submission — its
-tests, conftest, pytest config, pyproject — is ignored. Zips are read defensively: no
+Only the files under ``labs/NN_name/src/`` are taken: the lab's modules, and the
+student's own helper modules and small data files beside them (within size limits);
+everything else in a submission — its tests, conftest, pytest config, pyproject — is
+ignored. Zips are read defensively: no
 absolute paths, no ``..``, no links, bounded sizes.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import stat
 import zipfile
 from dataclasses import dataclass, field
@@ -19,6 +22,9 @@ from gptkit.testing.layout import KIT_ROOT, lab_dirs
 MAX_ZIP_BYTES = 50 * 1024 * 1024  # the .zip file itself
 MAX_MEMBER_BYTES = 2 * 1024 * 1024  # one lab module, uncompressed
 MAX_MEMBERS = 20000
+MAX_LAB_FILES = 64  # files in one lab's src/: its modules, helper modules, small data files
+MAX_LAB_BYTES = 8 * 1024 * 1024
+MAX_DEPTH = 4  # folders below src/
 
 
 class SubmissionError(ValueError):
@@ -29,8 +35,17 @@ class SubmissionError(ValueError):
 class Submission:
     student: str
     source: Path
-    files: dict[str, dict[str, bytes]] = field(default_factory=dict)  # lab → module → source
+    files: dict[str, dict[str, bytes]] = field(default_factory=dict)  # lab → path under src/ → bytes
     notes: list[str] = field(default_factory=list)  # flags found while reading
+
+    def modules(self, lab: str) -> dict[str, bytes]:
+        """The lab's top-level Python modules (its own and its helpers): module name → source."""
+        return {rel[:-3]: data for rel, data in self.files.get(lab, {}).items()
+                if rel.endswith(".py") and "/" not in rel}
+
+    def python_files(self, lab: str) -> dict[str, bytes]:
+        """Every Python file of the lab (helper packages included): path under src/ → source."""
+        return {rel: data for rel, data in self.files.get(lab, {}).items() if rel.endswith(".py")}
 
     def digest(self) -> str:
         h = hashlib.sha256()
@@ -41,9 +56,23 @@ class Submission:
         return h.hexdigest()
 
 
-def expected_files(solutions: Path = KIT_ROOT / "solutions") -> dict[str, list[str]]:
-    """lab → the module names students write for it."""
-    return {lab.name: lab.modules() for lab in lab_dirs(solutions)}
+MANIFEST = Path(__file__).with_name("lab_modules.json")  # written by `grader release`
+
+
+def expected_files(source: Path | None = None) -> dict[str, list[str]]:
+    """lab → the module names the tests import from it (the student writes these; any other
+    file in ``src/`` is a helper of the student's own). From the reference solutions; in a
+    student's copy, which has none, from the list ``grader release`` wrote."""
+    solutions = KIT_ROOT / "solutions"
+    if source is None or Path(source) == solutions:
+        if solutions.is_dir():
+            return {lab.name: lab.modules() for lab in lab_dirs(solutions)}
+        if MANIFEST.is_file():
+            return {k: list(v) for k, v in json.loads(MANIFEST.read_text(encoding="utf-8")).items()}
+        source = KIT_ROOT / "labs"
+    if Path(source) == KIT_ROOT / "labs" and not solutions.is_dir() and MANIFEST.is_file():
+        return expected_files()
+    return {lab.name: lab.modules() for lab in lab_dirs(Path(source))}
 
 
 def discover(paths: list[Path]) -> list[tuple[str, Path]]:
@@ -84,6 +113,8 @@ def _student_id(path: Path) -> str:
 
 
 def read_submission(student: str, path: Path, wanted: dict[str, list[str]]) -> Submission:
+    """Every file under ``labs/NN_name/src/`` of the labs in ``wanted`` (its modules,
+    helper modules and small data files), within the size limits."""
     sub = Submission(student, Path(path))
     if Path(path).is_dir():
         _read_dir(sub, Path(path), wanted)
@@ -96,20 +127,65 @@ def read_submission(student: str, path: Path, wanted: dict[str, list[str]]) -> S
     return sub
 
 
+def _skipped(rel: str) -> bool:
+    """Files in a lab's ``src/`` that are not the student's work: caches and hidden files."""
+    parts = rel.split("/")
+    return any(p.startswith(".") or p == "__pycache__" for p in parts) or rel.endswith((".pyc", ".pyo"))
+
+
+class _LabFiles:
+    """Collects one lab's files under the limits, with a note for each file left out."""
+
+    def __init__(self, sub: Submission, lab: str):
+        self.sub, self.lab, self.count, self.bytes = sub, lab, 0, 0
+
+    def add(self, rel: str, size: int, read) -> None:
+        where = f"labs/{self.lab}/src/{rel}"
+        if _skipped(rel):
+            return
+        if len(rel.split("/")) > MAX_DEPTH:
+            self.sub.notes.append(f"{where} is nested more than {MAX_DEPTH} folders deep: ignored")
+            return
+        if size > MAX_MEMBER_BYTES:
+            self.sub.notes.append(f"{where} is larger than {MAX_MEMBER_BYTES // 1024} KB: ignored")
+            return
+        if self.count >= MAX_LAB_FILES or self.bytes + size > MAX_LAB_BYTES:
+            self.sub.notes.append(f"{where} ignored: a lab's src/ may hold at most {MAX_LAB_FILES} files "
+                                  f"and {MAX_LAB_BYTES // 2**20} MB")
+            return
+        data = read()
+        if data is None:
+            return
+        if len(data) > MAX_MEMBER_BYTES:
+            self.sub.notes.append(f"{where} is larger than {MAX_MEMBER_BYTES // 1024} KB: ignored")
+            return
+        self.count += 1
+        self.bytes += len(data)
+        self.sub.files.setdefault(self.lab, {})[rel] = data
+
+
 def _read_dir(sub: Submission, root: Path, wanted: dict[str, list[str]]) -> None:
     base = _find_kit_root_dir(root)
-    for lab, modules in wanted.items():
-        for module in modules:
-            f = base / "labs" / lab / "src" / f"{module}.py"
-            if f.is_symlink():
-                sub.notes.append(f"labs/{lab}/src/{module}.py is a symbolic link: ignored")
-                continue
-            if f.is_file():
-                data = f.read_bytes()
-                if len(data) > MAX_MEMBER_BYTES:
-                    sub.notes.append(f"labs/{lab}/src/{module}.py is larger than {MAX_MEMBER_BYTES // 1024} KB: ignored")
+    for lab in wanted:
+        src = base / "labs" / lab / "src"
+        if not src.is_dir() or src.is_symlink():
+            continue
+        collect = _LabFiles(sub, lab)
+        for dirpath, dirnames, filenames in os.walk(src):  # os.walk does not follow links to folders
+            dirnames[:] = sorted(d for d in dirnames if not _skipped(d))
+            for name in sorted(filenames):
+                f = Path(dirpath) / name
+                rel = f.relative_to(src).as_posix()
+                if _skipped(rel):
                     continue
-                sub.files.setdefault(lab, {})[module] = data
+                if f.is_symlink():
+                    sub.notes.append(f"labs/{lab}/src/{rel} is a symbolic link: ignored")
+                    continue
+                if not f.is_file():
+                    continue
+                collect.add(rel, f.stat().st_size, f.read_bytes)
+        for d in sorted(p for p in src.rglob("*") if p.is_symlink() and p.is_dir()):
+            sub.notes.append(f"labs/{lab}/src/{d.relative_to(src).as_posix()} is a symbolic link: ignored")
 
 
 def _find_kit_root_dir(root: Path) -> Path:
@@ -135,8 +211,7 @@ def _read_zip(sub: Submission, path: Path, wanted: dict[str, list[str]]) -> None
         infos = zf.infolist()
         if len(infos) > MAX_MEMBERS:
             raise SubmissionError(f"the .zip holds {len(infos)} entries, over the {MAX_MEMBERS} limit")
-        targets = {f"labs/{lab}/src/{m}.py": (lab, m) for lab, mods in wanted.items() for m in mods}
-        candidates: dict[str, list[zipfile.ZipInfo]] = {}
+        members = []
         for info in infos:
             name = info.filename
             p = PurePosixPath(name.replace("\\", "/"))
@@ -147,23 +222,28 @@ def _read_zip(sub: Submission, path: Path, wanted: dict[str, list[str]]) -> None
             if stat.S_ISLNK(mode):
                 sub.notes.append(f"symbolic link in zip ignored: {name[:80]}")
                 continue
-            posix = str(p)
-            for target in targets:
-                if posix == target or posix.endswith("/" + target):
-                    candidates.setdefault(target, []).append(info)
-        for target, infos_for in candidates.items():
-            info = min(infos_for, key=lambda i: len(i.filename))  # the shallowest copy
-            lab, module = targets[target]
-            if info.file_size > MAX_MEMBER_BYTES:
-                sub.notes.append(f"{target} is larger than {MAX_MEMBER_BYTES // 1024} KB uncompressed: ignored")
+            if not info.is_dir():
+                members.append((str(p), info))
+        for lab, modules in wanted.items():
+            # The lab's src/ folder: the shallowest one in the zip that holds one of its modules
+            # (a zip of the kit's folder, or of the folder around it).
+            marker = f"labs/{lab}/src/"
+            roots = sorted({posix[:posix.index(marker) + len(marker)] for posix, _ in members
+                            if marker in posix and (posix.startswith(marker) or f"/{marker}" in posix)
+                            and posix.split(marker, 1)[1] in {f"{m}.py" for m in modules}}, key=len)
+            if not roots:
                 continue
-            try:
-                with zf.open(info) as fh:
-                    data = fh.read(MAX_MEMBER_BYTES + 1)
-            except (zipfile.BadZipFile, OSError, RuntimeError, EOFError) as exc:
-                sub.notes.append(f"{target} could not be read from the zip ({exc})")
-                continue
-            if len(data) > MAX_MEMBER_BYTES:
-                sub.notes.append(f"{target} is larger than {MAX_MEMBER_BYTES // 1024} KB uncompressed: ignored")
-                continue
-            sub.files.setdefault(lab, {})[module] = data
+            collect = _LabFiles(sub, lab)
+            for posix, info in members:
+                if not posix.startswith(roots[0]):
+                    continue
+
+                def read(info=info, posix=posix):
+                    try:
+                        with zf.open(info) as fh:
+                            return fh.read(MAX_MEMBER_BYTES + 1)
+                    except (zipfile.BadZipFile, OSError, RuntimeError, EOFError) as exc:
+                        sub.notes.append(f"{posix} could not be read from the zip ({exc})")
+                        return None
+
+                collect.add(posix[len(roots[0]):], info.file_size, read)

@@ -68,6 +68,9 @@ ORDINARY = {
                                       "    def __getitem__(self, i):\n        return self.items[i]\n"
                                       "    def __iter__(self):\n        return iter(self.items)\n"
                                       "    def __repr__(self):\n        return f'{type(self).__name__}({self.items})'\n"),
+    "pickle, a recursion limit, a data file": ("import pickle, sys\nfrom pathlib import Path\n"
+                                               "sys.setrecursionlimit(10_000)\nB = pickle.loads(pickle.dumps([1, 2]))\n"
+                                               "D = Path(__file__).with_name('table.npz')\n"),
     "own names that shadow builtins": "def compile(x):\n    return x\nY = compile(3)\n",
     "numpy and math": (HEAD + "def f(x):\n    with np.errstate(over='ignore'):\n        return np.exp(x) + math.pi\n"
                        "R = np.random.default_rng(0).normal(size=3)\nnp.random.seed(0)\n"),
