@@ -4,13 +4,15 @@ are handed in.
 It grades the copy it runs in (``labs/NN_name/src``) with ``grader grade``'s own machinery:
 the same sandbox (bubblewrap where it is installed, else resource limits and the audit
 hook), the same time and memory limits, the same tests, and the static review's notes.
-In a student's copy (no reference solutions) every lab runs on the student's own earlier
-labs, and only the public tests are there; the instructor's grader also runs hidden tests.
+As in ``grade``, every lab runs on the student's own earlier labs and every file in its
+``src/`` is taken; a student's copy holds only the public tests, and the instructor's
+grader also runs hidden tests.
 Nothing here changes a grade: it shows what the grader will see.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -64,8 +66,9 @@ def render(result, *, isolation: str, hidden: bool) -> str:
     return "\n".join(lines)
 
 
-def run(targets: list[str], *, out_dir: Path | None = None, echo=print) -> int:
-    """Check the labs named in ``targets`` (all labs when empty); 0 when every test passed."""
+def run(targets: list[str], *, out_dir: Path | None = None, echo=print, json_out: str | None = None) -> int:
+    """Check the labs named in ``targets`` (all labs when empty); 0 when every test passed.
+    ``json_out``: also write the result there, in ``result.json``'s form."""
     from grader.grade import Grader
 
     labs = lab_names(targets) if targets else None
@@ -75,5 +78,7 @@ def run(targets: list[str], *, out_dir: Path | None = None, echo=print) -> int:
     grader.prepare()
     result = grader.grade("you", KIT_ROOT)
     echo(render(result, isolation=grader.isolation, hidden=grader.reference))
+    if json_out:
+        Path(json_out).write_text(json.dumps(result.to_json(), indent=1), encoding="utf-8")
     ok = not result.error and all(t.outcome == "passed" for lr in result.labs.values() for t in lr.tests)
     return 0 if ok else 1

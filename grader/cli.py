@@ -182,7 +182,7 @@ def cmd_check(args) -> int:
     from grader import check
 
     try:
-        return check.run(args.labs)
+        return check.run(args.labs, json_out=args.json)
     except ValueError as exc:
         print(f"grader check: {exc}", file=sys.stderr)
         return 2
@@ -197,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("check", help="run labs as the grader will (its sandbox, limits and review notes), "
                                      "before handing them in")
     s.add_argument("labs", nargs="*", help="labs to check, e.g. labs/03_layernorm_ffn or 03 (default: all)")
+    s.add_argument("--json", metavar="FILE", help="also write the result, per test, as JSON (as `grader grade` does)")
     s.set_defaults(func=cmd_check)
     if not full_kit:
         return p

@@ -31,6 +31,26 @@ def test_release_has_no_solutions_hidden_tests_or_catalogue(student_copy):
     assert "grader check" in (student_copy / "README.md").read_text()
 
 
+def test_students_get_the_student_pages_only(student_copy):
+    """The lab READMEs, the concept pages with their index, and a student README naming all
+    the labs; the instructors' pages (grading, similarity thresholds, the trust model,
+    benchmarks, contributing) stay in the full kit."""
+    from gptkit.testing.layout import lab_dirs
+    from grader.submission import expected_files
+
+    docs = sorted(p.name for p in (student_copy / "docs").iterdir())
+    labs = [lab.name for lab in lab_dirs(KIT_ROOT / "labs")]
+    assert docs == sorted([f"{lab}.md" for lab in labs] + ["README.md"]), docs
+    index = (student_copy / "docs" / "README.md").read_text()
+    for page in ("instructors.md", "similarity.md", "performance.md", "contributing.md"):
+        assert page not in index, f"the docs index links {page}, which students do not get"
+    readme = (student_copy / "README.md").read_text()
+    for lab in labs:
+        assert (student_copy / "labs" / lab / "README.md").is_file()
+        assert f"| {lab} |" in readme, f"the student README does not describe {lab}"
+    assert json.loads((student_copy / "grader" / "lab_modules.json").read_text()) == expected_files()
+
+
 def test_leak_check_catches_a_solution_line(student_copy, tmp_path):
     line = next(iter(solution_lines()))
     copy = tmp_path / "copy"
@@ -83,6 +103,49 @@ def test_grader_check_runs_in_the_student_copy(student_copy, tmp_path):
     assert rc == 1 and "02_embeddings: 0 of" in out and "NotImplementedError" in out, out[-3000:]
     rc, out = check("grade", "x")
     assert rc != 0 and "invalid choice" in out, out[-2000:]
+
+
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not on PATH")
+def test_grader_check_computes_what_grade_computes_on_the_public_tests(student_copy, tmp_path):
+    """An honest student with a helper module, a data file and a bug: `grader check` in
+    their copy and the instructor's `grader grade` of the same folder give every public
+    test the same outcome (the same files, the same earlier labs: the student's own)."""
+    from grader.grade import Grader
+
+    copy = tmp_path / "kit"
+    shutil.copytree(student_copy, copy, ignore=shutil.ignore_patterns(".venv"))
+    alice = KIT_ROOT / "examples" / "submissions" / "alice" / "labs"
+    for lab in ("01_causal_mask", "02_embeddings", "03_layernorm_ffn"):
+        for f in (alice / lab / "src").glob("*.py"):
+            shutil.copy2(f, copy / "labs" / lab / "src" / f.name)
+    src = copy / "labs" / "02_embeddings" / "src"
+    (src / "emb_helpers.py").write_text("import numpy as np\n\n\ndef as_ids(x):\n    return np.asarray(x)\n")
+    (src / "table.json").write_text('{"ok": true}\n')
+    text = (src / "embeddings.py").read_text()
+    (src / "embeddings.py").write_text(text.replace(
+        "import numpy as np\n", "import json\nfrom pathlib import Path\n\nimport numpy as np\n\nfrom emb_helpers import "
+        "as_ids\n\nassert json.loads((Path(__file__).parent / 'table.json').read_text())['ok']\n", 1))
+    layers = copy / "labs" / "03_layernorm_ffn" / "src" / "layers.py"
+    layers.write_text(layers.read_text().replace("var = np.mean(centered * centered, axis=-1, keepdims=True)",
+                                                 "var = np.var(x, axis=-1, ddof=1, keepdims=True)"))  # a bug
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    proc = subprocess.run(["uv", "run", "--frozen", "grader", "check", "01", "02", "03", "--json",
+                           str(tmp_path / "check.json")], cwd=copy, capture_output=True, text=True, timeout=900,
+                          env=env)
+    assert proc.returncode == 1, (proc.stdout + proc.stderr)[-3000:]
+    checked = json.loads((tmp_path / "check.json").read_text())
+    g = Grader(tmp_path / "grading", ["01", "02", "03"], log=lambda *_: None)
+    (g.out_dir / ".scratch").mkdir(parents=True, exist_ok=True)
+    g.prepare()
+    graded = g.grade("student", copy)
+    outcomes = {lab: {t["nodeid"]: t["outcome"] for t in lr["tests"]} for lab, lr in checked["labs"].items()}
+    for lab, lr in graded.labs.items():
+        public = {t.nodeid: t.outcome for t in lr.tests if not t.hidden}
+        assert public == outcomes[lab], (lab, {k: (v, outcomes[lab].get(k)) for k, v in public.items()
+                                               if outcomes[lab].get(k) != v})
+    assert graded.labs["02_embeddings"].points == graded.labs["02_embeddings"].max_points
+    assert graded.labs["03_layernorm_ffn"].points < graded.labs["03_layernorm_ffn"].max_points
+    assert [f for f in checked["flags"]] == graded.flags
 
 
 @pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not on PATH")
