@@ -7,6 +7,11 @@ Prints both wall times and their ratio (target: the grader's overhead under 50%,
 a ratio under 1.5). The two take turns, two submissions at a time, so that other work on
 the machine weighs on both alike. The grader's one-off calibration run is timed
 separately.
+
+Then what a student runs, in a student copy (`grader release`) holding the same labs:
+`uv run grader check` (its first run, which builds its cached copy of the kit, and a
+second) against `uv run pytest` on the same labs, taking turns (target: check under 1.5×
+pytest).
 """
 
 from __future__ import annotations
@@ -78,8 +83,47 @@ def main() -> None:
     print(f"- ratio grader / bare: {t_grade / t_bare:.2f} (overhead {100 * (t_grade / t_bare - 1):+.0f}%; "
           "target: under 1.5)")
     print()
+    t_pytest, t_first, t_check = check_vs_pytest()
+    print()
+    print(f"A student copy holding the same labs ({', '.join(LABS)}), each command through `uv run`:")
+    print()
+    common.print_table(["run", "seconds"],
+                       [["uv run pytest -m 'labNN or …'", f"{t_pytest:.2f}"],
+                        ["uv run grader check (first run: builds its copy of the kit)", f"{t_first:.2f}"],
+                        ["uv run grader check (later runs)", f"{t_check:.2f}"]])
+    print(f"- ratio check / pytest: {t_check / t_pytest:.2f} (first run {t_first / t_pytest:.2f}; target: under 1.5)")
+    print()
     common.print_summary(f"grading costs {t_grade / t_bare:.2f}× the time of running the same tests bare "
-                         f"({n} submissions, isolation: {g.isolation})")
+                         f"({n} submissions, isolation: {g.isolation}); `grader check` {t_check / t_pytest:.2f}× "
+                         "`uv run pytest` on the same labs")
+
+
+def check_vs_pytest(rounds: int = 2) -> tuple[float, float, float]:
+    """Seconds of `uv run pytest` and of `uv run grader check` (first run, then the best of
+    later ones) in a student copy holding alice's labs."""
+    from grader.release import release
+
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    marks = " or ".join(f"lab{lab}" for lab in LABS)
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "kit"
+        release(copy)
+        shutil.copytree(ALICE / "labs", copy / "labs", dirs_exist_ok=True)
+        subprocess.run(["uv", "sync", "--frozen", "-q"], cwd=copy, env=env, check=True, capture_output=True)
+
+        def timed(*cmd) -> float:
+            t0 = time.perf_counter()
+            subprocess.run(["uv", "run", "--frozen", *cmd], cwd=copy, env=env, check=True, capture_output=True)
+            return time.perf_counter() - t0
+
+        pytest_cmd = ("pytest", "-q", "-p", "no:cacheprovider", "-m", marks)
+        t_pytest = [timed(*pytest_cmd)]
+        t_first = timed("grader", "check", *LABS)
+        t_check = []
+        for _ in range(rounds):  # turns, so that other work on the machine weighs on both alike
+            t_pytest.append(timed(*pytest_cmd))
+            t_check.append(timed("grader", "check", *LABS))
+    return min(t_pytest), t_first, min(t_check)
 
 if __name__ == "__main__":
     main()

@@ -102,12 +102,14 @@ def parse_threshold(text: str | None) -> dict[str, float] | float | None:
 
 # -- what is compared -----------------------------------------------------------------------
 def lab_text(files: dict[str, bytes], modules: list[str], lab: str) -> str:
-    """A student's lab as one document: the modules in a fixed order, each under its path."""
+    """A student's lab as one document: the lab's modules in a fixed order, then the
+    student's own helper modules, each under its path (``files``: path under src/ → bytes)."""
+    order = [f"{m}.py" for m in modules if f"{m}.py" in files]
+    order += sorted(rel for rel in files if rel.endswith(".py") and rel not in order)
     parts = []
-    for module in modules:
-        if module in files:
-            text = files[module].decode("utf-8", "replace").replace("\r\n", "\n")
-            parts.append(f"# labs/{lab}/src/{module}.py\n{text.rstrip()}\n")
+    for rel in order:
+        text = files[rel].decode("utf-8", "replace").replace("\r\n", "\n")
+        parts.append(f"# labs/{lab}/src/{rel}\n{text.rstrip()}\n")
     return "\n".join(parts)
 
 
