@@ -74,11 +74,12 @@ def assert_close(
     summary = mismatch_summary(arr, expected, atol, rtol)
     if summary is None:
         return
-    msg = f"{what}: {summary}"
+    # The diagnosis first, then where it departs, then the numbers, then the hint.
+    named = []
     for label, candidate in (diagnoses or {}).items():
         candidate = np.asarray(candidate)
         if candidate.shape == arr.shape and mismatch_summary(arr, candidate, atol, rtol) is None:
-            msg += f". Your result matches {label}"
+            named.append(f"Your result matches {label}")
             break
     if locate is not None:
         try:
@@ -86,7 +87,8 @@ def assert_close(
         except Exception as exc:  # noqa: BLE001 - a pointer must never hide the failure it explains
             where = f"(could not locate the first difference: {type(exc).__name__})"
         if where:
-            msg += f". {where[0].upper()}{where[1:]}"
+            named.append(f"{where[0].upper()}{where[1:]}")
+    msg = f"{what}: " + "".join(f"{n}. " for n in named) + summary
     if hint:
         msg += f". {hint}"
     raise AssertionError(msg)

@@ -249,14 +249,11 @@ def first_difference(model, fixture: Mapping, *, atol: float = 1e-4, rtol: float
         problem = _differs(actual, expected, atol, rtol)
         if problem:
             parts = [p[len(path) + 1:] for p in steps if p.startswith(path + ".")]
-            agree = (f"; its parts {_short(parts)} agree, each given its own reference input, so the step between "
-                     "them differs") if parts else ""
+            agree = f"; its parts {_short(parts)} agree, so a step between them differs" if parts else ""
             return f"{FIRST} `{path}` (given the reference's input, {_brief(problem)}){agree}"
     if not steps:
         return None
     passed = _first_input_difference(model, fixture, prefix)
-    return (f"{FIRST} the whole model: every sub-layer ({_short(steps, 3)} …) agrees when given the reference's "
-            "inputs, so the difference is in how the model joins them"
-            + (f": {passed}" if passed else " (what it passes to each: the positions, the mask, the residual "
-                                            "stream; what it does after the last one)"))
+    return (f"{FIRST} the whole model, in how it joins its sub-layers (each agrees on the reference's inputs)"
+            + (f": {passed}" if passed else " (the positions, the mask, the residual stream, or after the last one)"))
 

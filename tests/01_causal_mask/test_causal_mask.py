@@ -88,11 +88,25 @@ def test_additive_mask_is_zero_or_minus_infinity():
 
 # --- softmax -------------------------------------------------------------------------
 
+def _axis_probes(x: np.ndarray, asked: int) -> dict[str, np.ndarray]:
+    """What a softmax over each other axis of ``x`` gives: a result that matches one names
+    the axis the code normalised over, however it was written."""
+    out = {}
+    for axis in range(x.ndim):
+        if axis != asked % x.ndim:
+            e = np.exp(x.astype(np.float64) - x.max(axis=axis, keepdims=True))
+            out[f"a softmax over axis {axis} (of {x.ndim}) instead of axis {asked % x.ndim}: the sums along "
+                f"axis {axis} are 1"] = e / e.sum(axis=axis, keepdims=True)
+    return out
+
+
 def test_softmax_matches_reference():
     f = load_fixture(LAB, "softmax")
-    assert_close(cm.softmax(f["x"]), f["y_last"], what="softmax(x) over the last axis")
+    x = f["x"].copy()
+    assert_close(cm.softmax(f["x"]), f["y_last"], what="softmax(x) over the last axis",
+                 diagnoses=_axis_probes(x, -1))
     assert_close(cm.softmax(f["x"], axis=1), f["y_axis1"], what="softmax(x, axis=1)",
-                 hint="softmax must normalise along the axis it is given")
+                 hint="softmax must normalise along the axis it is given", diagnoses=_axis_probes(x, 1))
 
 
 @given(st.lists(st.floats(-50, 50), min_size=1, max_size=16), st.floats(-1e4, 1e4))

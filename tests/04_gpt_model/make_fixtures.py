@@ -11,6 +11,7 @@ import numpy as np
 
 from gptkit.checkpoints import GPT2Shape, random_gpt2_state
 from gptkit.testing.firstdiff import record_trace, trace_arrays
+from gptkit.testing.fixtures import diagnosis_key, label_key
 from grader.fixtures import diagnoses
 
 NEEDS_TORCH = False
@@ -29,6 +30,30 @@ def _with_diagnoses(case, name, outputs, ref):
     """``case`` plus what each catalogued bug diagnosed on ``name`` outputs there."""
     case.update(outputs(ref))
     return {**case, **diagnoses(LAB, name, case, outputs, "gpt")}
+
+
+def _qkv_probes(state: dict, prefix: str, output: str, run) -> dict[str, np.ndarray]:
+    """What the reference outputs when ``c_attn``'s q, k, v blocks are taken in another order
+    (``run(state)`` → the case's output): a student's result that matches one names the order
+    their code took, however it was written (stored beside the catalogue's diagnoses)."""
+    import itertools
+
+    names = ("q", "k", "v")
+    stored = {}
+    for order in itertools.permutations(range(3)):
+        if order == (0, 1, 2):
+            continue
+        moved = dict(state)
+        for part in ("weight", "bias"):
+            key = f"{prefix}c_attn.{part}"
+            blocks = np.split(state[key], 3, axis=-1)
+            moved[key] = np.concatenate([blocks[i] for i in order], axis=-1)
+        probe = "probe-qkv-" + "".join(names[i] for i in order)
+        stored[diagnosis_key(output, probe)] = run(moved)
+        stored[label_key(probe)] = np.array(
+            f"q, k, v taken from c_attn's blocks as {', '.join(names[i] for i in order)} (GPT-2 stores q in the "
+            "first D columns, then k, then v)")
+    return stored
 
 
 def _model(gpt, shape, state):
@@ -66,10 +91,12 @@ def build() -> dict[str, dict[str, np.ndarray]]:
     x = rng.normal(0, 1, (2, 6, D)).astype(np.float32)
     cases["mha"] = _with_diagnoses({"x": x, **{f"param.{k}": v for k, v in attn_state.items()}},
                                    "mha", lambda gpt: {"out": _mha(gpt, attn_state)(x)}, ref)
+    cases["mha"].update(_qkv_probes(attn_state, "", "out", lambda st: _mha(ref, st)(x)))
 
     block_state = _sub(state, "h.0.")
     cases["block"] = _with_diagnoses({"x": x, **{f"param.{k}": v for k, v in block_state.items()}},
                                      "block", lambda gpt: {"out": _block(gpt, block_state)(x)}, ref)
+    cases["block"].update(_qkv_probes(block_state, "attn.", "out", lambda st: _block(ref, st)(x)))
 
     ids = rng.integers(0, SMALL.vocab_size, (2, 7))
     case = {"ids": ids, **{f"param.{k}": v for k, v in state.items()}}
