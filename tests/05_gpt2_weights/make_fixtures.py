@@ -52,6 +52,19 @@ def _diagnoses(state, shape, ids):
             "logits_c_proj_transposed": _logits(hf_model(transposed, shape), ids)}
 
 
+def _trace(state, shape, ids):
+    """Every sub-layer's inputs and outputs in the reference lab 04 model holding ``state``:
+    a failing logits test names the first sub-layer that differs (``firstdiff``)."""
+    import gpt  # the reference lab 04: the solutions are on the path while fixtures are made
+
+    from gptkit.testing.firstdiff import record_trace, trace_arrays
+
+    model = gpt.GPTModel(**shape.model_kwargs()).load_state_dict(state).eval()
+    with record_trace(model) as calls:
+        model(ids)
+    return trace_arrays(calls)
+
+
 def _case(shape, state, files, rng):
     import torch
 
@@ -69,6 +82,7 @@ def _case(shape, state, files, rng):
         "ids": ids, "logits": _logits(model, ids), "prompt": prompt, "greedy": greedy,
         **{f"param.{k}": v for k, v in state.items()},
         **_diagnoses(state, shape, ids),
+        **_trace(state, shape, ids),
     }
 
 

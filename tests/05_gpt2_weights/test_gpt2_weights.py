@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from gptkit.testing import (assert_close, assert_float32, checkpoint_on_disk, explains_errors, fixture_params, lab,
-                            raises_clearly)
+from gptkit.testing import (assert_close, assert_float32, checkpoint_on_disk, explains_errors, first_difference,
+                            fixture_params, lab, raises_clearly)
 from gptkit.checkpoints import safetensors_bytes
 
 W = lab("gpt2_weights")
@@ -154,7 +154,8 @@ def test_load_gpt2_matches_huggingface(tmp_path, case):
     logits = model(f["ids"])
     assert_close(logits, f["logits"], what=f"logits of the checkpoint in {LAYOUT[case]} vs HuggingFace",
                  atol=1e-4, rtol=1e-4,
-                 diagnoses={C_PROJ_TRANSPOSED: f["logits_c_proj_transposed"], EXACT_GELU: f["logits_exact_gelu"]})
+                 diagnoses={C_PROJ_TRANSPOSED: f["logits_c_proj_transposed"], EXACT_GELU: f["logits_exact_gelu"]},
+                 locate=lambda: first_difference(model, f))
     assert_float32(logits, "logits")
 
 
