@@ -80,6 +80,11 @@ def _cache_case(gen, model, hf, params, rng):
     gen.forward_with_cache(model, ids[:, : CHUNKS[0]], cache)
     case = {"ids": ids, "chunks": np.array(CHUNKS), "logits": logits,
             "keys0": cache.keys[0][:, :, : CHUNKS[0]].copy(), "values1": cache.values[1][:, :, : CHUNKS[0]].copy()}
+    from gptkit.testing.firstdiff import record_trace, trace_arrays
+
+    with record_trace(model) as calls:  # the model's own sub-layers: a failing test says whether lab 04's model
+        model(ids)                      # or the cache path departs first
+    case.update(trace_arrays(calls))
     return {**case, **diagnoses(LAB, "cache", case, lambda g: {"logits": stepwise(g)}, "generation"), **params}
 
 
