@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, machine  # noqa: E402 - common puts the kit on sys.path
+from common import ROOT, machine, print_summary  # noqa: E402 - common puts the kit on sys.path
 
 from grader import similarity  # noqa: E402
 
@@ -62,6 +62,8 @@ def main() -> None:
             pairs = sum(len(p) for p in check.pairs.values())
             rows.append(f"| {n} | {pairs} | {len(check.flagged())} | {t_check:.1f} | {c_check:.1f} | "
                         f"{t_write:.1f} | {1000 * c_check / n:.0f} |")
+            summary = (f"`grader similarity` compares {n} students ({pairs:,} pairs over labs {', '.join(LABS)}) in "
+                       f"{t_check:.1f} s wall, {1000 * c_check / n:.0f} ms of CPU per student")
     print(f"machine: {machine()}")
     print()
     print(f"`grader similarity`, labs {', '.join(LABS)}, every student a disguised copy of every other "
@@ -71,6 +73,8 @@ def main() -> None:
           "CPU ms per student |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     print("\n".join(rows))
+    print()
+    print_summary(summary)
 
 
 if __name__ == "__main__":
