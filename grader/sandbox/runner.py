@@ -336,6 +336,18 @@ def _tree_leaf(pid: int) -> int:
         pid = int(children[-1])
 
 
+def _peak_mb(pid: int) -> int:
+    """The peak resident memory of a process so far (VmHWM), in MB; 0 if unknown."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def _folder_bytes(path: str) -> int:
     total = 0
     for dirpath, dirnames, filenames in os.walk(path):
@@ -609,17 +621,23 @@ class _LabProcesses:
         if p.home:
             _empty_folder(Path(p.home))
 
+    def _holder(self, p: _LabProcess) -> int:
+        """A host pid inside a live lab process's sandbox: its own, or that of the zygote's tree."""
+        if p.proc is None:
+            return _tree_leaf(self.zygote[0].pid) if self.zygote is not None else 0
+        return _tree_leaf(p.proc.pid)
+
     def _disk_used(self, p: _LabProcess) -> int | None:
         """Bytes a live lab process keeps in its scratch folder, as the host measures them
         (None if it cannot): its own /tmp is seen through ``/proc/<pid>/root``, and only
         a tmpfs of the quota's size counts (not a /tmp it does not have yet)."""
         if p.home:
             return _folder_bytes(p.home)
-        holder = self.zygote[0].pid if p.proc is None and self.zygote is not None else p.proc.pid if p.proc else 0
+        holder = self._holder(p)
         if not holder:
             return None
         try:
-            st = os.statvfs(f"/proc/{_tree_leaf(holder)}/root/tmp")
+            st = os.statvfs(f"/proc/{holder}/root/tmp")
         except OSError:
             return None
         if st.f_blocks * st.f_frsize != tmpfs_bytes(self.limits.disk_mb):
@@ -629,15 +647,18 @@ class _LabProcesses:
     def watch_disk(self, stop: threading.Event, every: float = 0.1) -> None:
         """The disk quota: a lab process that keeps more than ``Limits.disk_mb`` in its
         scratch folder is stopped, and the grader notes it (its own /tmp is a tmpfs that
-        size too: the kernel stops the writes a moment later anyway)."""
+        size too: the kernel stops the writes a moment later anyway). Also notes each
+        live process's peak memory."""
         quota = self.limits.disk_mb * 1024 * 1024
         while not stop.wait(every):
             for sid, p in list(self.procs.items()):
                 if p.status:
                     continue
+                seen = self.observed.setdefault(p.lab, {})
+                peak = _peak_mb(self._holder(p))  # also kept at its end (rusage), where the host reaps it
+                seen["memory"] = max(seen.get("memory", 0), peak)
                 used = self._disk_used(p)
                 if used is not None and used > quota:
-                    seen = self.observed.setdefault(p.lab, {})
                     seen["disk"] = max(seen.get("disk", 0), used // (1024 * 1024))
                     self.kill(sid)
 
