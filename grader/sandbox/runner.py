@@ -45,6 +45,7 @@ from grader.sandbox import labserver, protocol
 
 HERE = Path(__file__).resolve().parent
 SANDBOX_ROOT = "/sandbox"  # where the scratch folder appears inside bubblewrap
+LAB_ROOT = "/mnt/sandbox"  # where its parts appear to a lab process with its own /tmp, as root without bubblewrap
 HYPOTHESIS_DIR = "tmp/hypothesis"  # the test process's Hypothesis storage, in the scratch folder
 
 
@@ -153,13 +154,15 @@ def _libc():
     return ctypes.CDLL(None, use_errno=True)
 
 
-def _private_tmp(disk_mb: int, keep: tuple[str, ...] = ()) -> None:
+def _private_tmp(disk_mb: int, binds: tuple = (), keep: tuple[str, ...] = ()) -> None:
     """Runs in a lab process's child set-up as root without bubblewrap, before any uid
     drop: a mount namespace of its own (nothing propagates back) whose /tmp is a tmpfs of
     ``tmpfs_bytes(disk_mb)``, its working folder. What it writes there no other process
-    sees, and it is gone when the process (or the zygote holding it) ends. ``keep``: the
-    paths under the host's /tmp that it needs (a scratch folder there), bound back
-    read-only at the same place."""
+    sees, and it is gone when the process (or the zygote holding it) ends. ``binds``:
+    (host path, path under ``LAB_ROOT``) pairs, the parts of the scratch folder it may
+    see, bound read-only on a tmpfs over ``LAB_ROOT``'s parent (so that none lies under
+    /tmp, which the lab process may write); ``keep``: paths under the host's /tmp it needs
+    (a Python installation there), bound back read-only at the same place."""
     import ctypes
 
     libc = _libc()
@@ -171,10 +174,13 @@ def _private_tmp(disk_mb: int, keep: tuple[str, ...] = ()) -> None:
 
     check(libc.unshare(_CLONE_NEWNS))
     check(libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None))
-    held = [(path, os.open(path, os.O_PATH), os.path.isdir(path)) for path in keep]
+    held = [(os.open(src, os.O_PATH), os.path.isdir(src), str(dst)) for src, dst in [*binds, *((p, p) for p in keep)]]
     opts = f"size={tmpfs_bytes(disk_mb)},nr_inodes={TMPFS_INODES},mode=1777".encode()
     check(libc.mount(b"tmpfs", b"/tmp", b"tmpfs", _MS_NOSUID | _MS_NODEV, opts))
-    for path, fd, is_dir in held:
+    if binds:
+        check(libc.mount(b"tmpfs", os.path.dirname(LAB_ROOT).encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
+                         b"size=1m,mode=0755"))
+    for fd, is_dir, path in held:
         os.makedirs(path if is_dir else os.path.dirname(path), exist_ok=True)
         if not is_dir:
             open(path, "a").close()
@@ -190,14 +196,16 @@ def private_tmp_works() -> bool:
     """Without bubblewrap: can the grader give a lab process a /tmp of its own (as root,
     where the kernel lets it make a mount namespace; not in a container without
     CAP_SYS_ADMIN)? If not, each lab process gets a fresh folder of the scratch instead."""
-    if os.geteuid() != 0:
+    if os.geteuid() != 0 or not os.path.isdir(os.path.dirname(LAB_ROOT)):
         return False
     _libc()
     try:
         probe = subprocess.run([sys.executable, "-I", "-S", "-c",
                                 "import os; open('/tmp/.grader-probe', 'w').close(); "
-                                "os._exit(0 if os.listdir('/tmp') == ['.grader-probe'] else 1)"],
-                               preexec_fn=lambda: _private_tmp(1), capture_output=True, timeout=60)
+                                f"os._exit(0 if os.listdir('/tmp') == ['.grader-probe'] "
+                                f"and os.path.isdir('{LAB_ROOT}/probe/bin') else 1)"],
+                               preexec_fn=lambda: _private_tmp(1, (("/usr", f"{LAB_ROOT}/probe"),)),
+                               capture_output=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
         return False
     return probe.returncode == 0
@@ -402,8 +410,9 @@ class _LabProcesses:
         self.private_tmp = mode == "bwrap" or private_tmp_works()
         # Without bubblewrap, what a lab process needs of a scratch folder under the host's
         # /tmp (which its own /tmp hides) is bound back read-only.
-        self.keep = tuple(p for p in [*(str(scratch / d) for d in ("impl", "kit", "lib", "lcfg")), *python_roots()]
-                          if p.startswith("/tmp/"))
+        self.keep = tuple(p for p in python_roots() if p.startswith("/tmp/"))
+        if self.private_tmp and mode != "bwrap":
+            self.inside = Path(LAB_ROOT)  # the lab process's view of the scratch folder: see _lab_binds
         self.homes = 0
         self.observed: dict[str, dict] = {}  # lab → what the grader saw (RawRun.observed)
 
@@ -462,22 +471,33 @@ class _LabProcesses:
             os.chown(home, self.uids[lab], -1)
         return str(home)
 
+    def _lab_binds(self, labs) -> tuple:
+        """Without bubblewrap, with its own /tmp: the parts of the scratch folder a lab process
+        sees (under ``LAB_ROOT``), as bubblewrap's mounts give them: ``gptkit``, the lab
+        server, the import path's ``lib/``, the configuration, ``labs``' trees."""
+        s, root = self.scratch, Path(LAB_ROOT)
+        return ((s / "kit" / "gptkit", root / "kit" / "gptkit"),
+                (s / "kit" / "_grader_labserver.py", root / "kit" / "_grader_labserver.py"),
+                (s / "lib", root / "lib"), (s / "lcfg", root / "lcfg"),
+                *((s / "impl" / lab, root / "impl" / lab) for lab in labs))
+
     def _inside_home(self, home: str) -> str:
         return "/tmp" if not home else home.replace(str(self.scratch), str(self.inside), 1)
 
-    def _popen(self, cmd: list[str], uid_of: str, log, pass_fds, home: str = "") -> subprocess.Popen:
+    def _popen(self, cmd: list[str], uid_of: str, log, pass_fds, home: str = "", labs=()) -> subprocess.Popen:
         """Start ``cmd`` in its sandbox (bubblewrap's mounts already in ``cmd``), as the
         user of lab ``uid_of`` where the grader runs as root, in its scratch folder ``home``
-        (its own /tmp if "")."""
+        (its own /tmp if ""), seeing ``labs``' trees."""
         uid = self.uids[uid_of] if self.drop and self.mode != "bwrap" else None  # bwrap drops to it itself
         own_tmp = self.private_tmp and self.mode != "bwrap"  # bwrap mounts it itself
         where = self._inside_home(home)
+        binds = self._lab_binds(labs) if own_tmp else ()
         if own_tmp:
             _libc()
 
         def child():
             if own_tmp:
-                _private_tmp(self.limits.disk_mb, self.keep)
+                _private_tmp(self.limits.disk_mb, binds, self.keep)
             _limit_self(self.limits, self.mode == "bwrap" and os.geteuid() == 0, uid, self.cpus)
 
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -502,7 +522,7 @@ class _LabProcesses:
             cmd = _bwrap(python_roots(), mounts, "/tmp", self.uids[first] if self.drop else None) + cmd
         with open(scratch / "slogs" / ".zygote.txt", "ab") as log:
             try:
-                proc = self._popen(cmd, first, log, (theirs.fileno(),))
+                proc = self._popen(cmd, first, log, (theirs.fileno(),), labs=list(self.labs))
             finally:
                 theirs.close()
         ours.settimeout(120)
@@ -582,7 +602,7 @@ class _LabProcesses:
             cmd = _bwrap(python_roots(), mounts, "/tmp", self.uids[lab] if self.drop else None) + cmd
         log = open(scratch / "slogs" / f"{lab}.txt", "ab")
         try:
-            proc = self._popen(cmd, lab, log, (theirs.fileno(),), home)
+            proc = self._popen(cmd, lab, log, (theirs.fileno(),), home, labs=[lab])
         finally:
             log.close()
             theirs.close()
@@ -730,7 +750,7 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
     for sub in ("logs", "slogs", "lcfg", "lib"):
         (scratch / sub).mkdir(exist_ok=True)
     if mode != "bwrap":  # the lab process's import path holds gptkit and nothing else of the kit
-        (scratch / "lib" / "gptkit").symlink_to(scratch / "kit" / "gptkit")
+        (scratch / "lib" / "gptkit").symlink_to(Path("..") / "kit" / "gptkit")
     plan = {
         "sys_path": [str(inside / "kit"), *site_packages()],
         "results_fd": w_fd,
@@ -870,6 +890,7 @@ def _same_paths(event: protocol.Event, inside: str) -> protocol.Event:
     if inside == SANDBOX_ROOT:
         return event
     return dataclasses.replace(event, **{f.name: getattr(event, f.name).replace(inside, SANDBOX_ROOT)
+                                         .replace(LAB_ROOT, SANDBOX_ROOT)
                                          for f in dataclasses.fields(event) if isinstance(getattr(event, f.name), str)})
 
 
