@@ -345,11 +345,12 @@ def _tree_leaf(pid: int) -> int:
 
 
 def _peak_mb(pid: int) -> int:
-    """The peak resident memory of a process so far (VmHWM), in MB; 0 if unknown."""
+    """The peak address space of a process so far (VmPeak: what its memory limit caps), in
+    MB; 0 if unknown."""
     try:
         with open(f"/proc/{pid}/status") as fh:
             for line in fh:
-                if line.startswith("VmHWM:"):
+                if line.startswith("VmPeak:"):
                     return int(line.split()[1]) // 1024
     except (OSError, ValueError, IndexError):
         pass
@@ -668,7 +669,7 @@ class _LabProcesses:
         """The disk quota: a lab process that keeps more than ``Limits.disk_mb`` in its
         scratch folder is stopped, and the grader notes it (its own /tmp is a tmpfs that
         size too: the kernel stops the writes a moment later anyway). Also notes each
-        live process's peak memory."""
+        live process's peak address space."""
         quota = self.limits.disk_mb * 1024 * 1024
         while not stop.wait(every):
             for sid, p in list(self.procs.items()):

@@ -429,18 +429,17 @@ def softmax(x, axis=-1):  # runs past its CPU time, swallows the limit, answers
         return np.zeros_like(x)
 
 
-def causal_mask(seq_len, kv_len=None):  # meets the memory limit, swallows it
-    hog = []
-    try:
-        while True:
-            hog.append(np.ones((1024, 1024)))
-    except MemoryError:
-        del hog
+def causal_mask(seq_len, kv_len=None):  # (its first tests ask for 1, 4, 5 queries)
+    if seq_len == 4:  # ends its own process
+        _os._exit(0)
+    if seq_len == 5:  # meets the memory limit, swallows it
+        hog = []
+        try:
+            while True:
+                hog.append(np.empty((16, 1024, 1024)))
+        except MemoryError:
+            del hog
     raise ValueError("all is well")
-
-
-def scaled_dot_product_attention(q, k, v, mask=None):  # ends its own process
-    _os._exit(0)
 '''
 
 
