@@ -459,7 +459,10 @@ class _LabProcesses:
                 "--ro-bind", str(self.kit / "gptkit"), str(inside / "lib" / "gptkit"),
                 "--ro-bind", str(self.kit / "_grader_labserver.py"),
                 str(inside / "kit" / "_grader_labserver.py"),
-                "--perms", "1777", "--size", str(tmpfs_bytes(self.limits.disk_mb)), "--tmpfs", "/tmp"]
+                "--perms", "1777", "--size", str(tmpfs_bytes(self.limits.disk_mb)), "--tmpfs", "/tmp",
+                # a Python installation under the host's /tmp, read-only again over the new /tmp
+                *(_bwrap_binds(under_tmp) if (under_tmp := [r for r in python_roots() if r.startswith("/tmp/")])
+                  else [])]
 
     def _new_home(self, lab: str) -> str:
         """A lab process's scratch folder, as the host sees it ("" for its own /tmp)."""
