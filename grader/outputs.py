@@ -29,7 +29,8 @@ def first_line(message: str, limit: int = 300) -> str:
 
 
 def hidden_names(r: StudentResult) -> dict[str, str]:
-    """Hidden tests are shown as 'hidden test k' of their lab: no names, no messages."""
+    """Hidden tests are shown as 'hidden test k' of their lab: no names, and as their
+    message only what the grader put there (the test's concept line, or why it did not run)."""
     names = {}
     for lab, lr in r.labs.items():
         k = 0
@@ -65,7 +66,7 @@ def feedback_markdown(r: StudentResult) -> str:
         groups: dict[str, list[str]] = {}
         for t in failed:
             if t.hidden:
-                groups.setdefault("(hidden: no details)", []).append(hidden[t.nodeid])
+                groups.setdefault(first_line(t.message, 600) or "(hidden: no details)", []).append(hidden[t.nodeid])
             else:
                 reason = first_line(t.message, 600) or t.outcome
                 groups.setdefault(reason, []).append(f"`{_short(t.nodeid).split('::')[-1]}`")
@@ -86,6 +87,8 @@ def gradescope_json(r: StudentResult) -> dict:
                      "max_score": round(t.max_points, 4), "status": "passed" if t.outcome == "passed" else "failed"}
             if t.hidden:
                 entry["visibility"] = "after_published"
+                if t.outcome != "passed" and t.message:
+                    entry["output"] = first_line(t.message, 300)
             else:
                 entry["visibility"] = "visible"
                 if t.outcome != "passed":

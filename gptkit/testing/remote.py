@@ -152,10 +152,10 @@ class Remote:
         self.cpu_base = 0.0  # the lab process's CPU time when this test started
         self.cpu_dead = 0.0  # CPU time this test spent in lab processes that have since ended
         self.cpu_idle = None  # (lab process, its CPU time) when the last test ended, until a request
-        self.blocked: list[str] = []
         self.origins: dict[int, tuple] = {}  # id(array) → (weakref, object id, first byte, end byte)
         self.callbacks: dict[int, object] = {}  # functions of the tests that lab code may call back
         self.died: str = ""
+        self.late = False  # this test ran past a time limit by this process's own count
 
     # -- the grader (host) --------------------------------------------------------------------
     def _host(self, msg: dict, fds: int = 0):
@@ -217,6 +217,12 @@ class Remote:
         except (OSError, ValueError, LabProcessDied):
             pass
 
+    def fresh(self) -> None:
+        """A new lab process from here on (the lab's hidden tests): the one so far ends with
+        its scratch folder and objects, and no restart is counted against the lab."""
+        self._stop()
+        self.warm()
+
     def _stop(self, grace: float = 0.0) -> dict:
         """End the current lab process; returns its exit status as the grader saw it."""
         status = {}
@@ -249,6 +255,7 @@ class Remote:
         else:
             self.cpu_base = self._cpu()
         self.died = ""
+        self.late = False
 
     def end_test(self) -> float:
         """CPU seconds the lab code used during this test (the kernel's count)."""
@@ -261,10 +268,6 @@ class Remote:
         self.gens.clear()
         self.gen_ref.clear()
         return used
-
-    def take_blocked(self) -> list[str]:
-        out, self.blocked = self.blocked, []
-        return out
 
     # -- stand-ins ------------------------------------------------------------------------------
     def module(self, name: str) -> RemoteObject:
@@ -376,9 +379,6 @@ class Remote:
         if not isinstance(reply, dict):
             self._stop()
             raise NotPlainData("the lab code's process sent a malformed answer; it was restarted")
-        blocked = meta.get("b")
-        if isinstance(blocked, list):
-            self.blocked += [str(b)[:300] for b in blocked[:20]]
         return self._unpack(reply, sent)
 
     def _ready(self) -> None:
@@ -422,6 +422,7 @@ class Remote:
             used = self.cpu_dead + self._cpu() - self.cpu_base if count_cpu else 0.0
             late = time.monotonic() - start > self.wall
             if used > self.budget + 0.5 or late:
+                self.late = True
                 self._stop()
                 what = (f"more than the {self.budget:g} s of CPU time a test may use" if not late else
                         f"no answer for {self.wall:g} s (a test may use {self.budget:g} s of CPU time)")

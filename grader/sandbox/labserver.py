@@ -479,11 +479,53 @@ def _load(walled):
     return np, wire
 
 
+def _enter_home(home):
+    """The lab process's own scratch folder: its HOME, TMPDIR and working folder."""
+    if home:
+        os.environ["HOME"] = os.environ["TMPDIR"] = home
+        os.chdir(home)
+        if "tempfile" in sys.modules:
+            sys.modules["tempfile"].tempdir = None
+
+
+def _empty_home(home):
+    """Before the zygote forks a lab process: the scratch folder it shares with the lab
+    processes forked before (its own /tmp, one at a time) is emptied, all but the folders
+    the grader bound there (another file system, read-only); never forks into a folder it
+    could not empty."""
+    dev = os.lstat(home).st_dev
+
+    def entries(folder):
+        try:
+            return list(os.scandir(folder))
+        except PermissionError:
+            os.chmod(folder, 0o700)
+            return list(os.scandir(folder))
+
+    def clear(folder):
+        kept = False
+        for entry in entries(folder):
+            st = entry.stat(follow_symlinks=False)
+            if st.st_dev != dev:
+                kept = True  # a folder the grader bound here: not the lab code's
+            elif entry.is_dir(follow_symlinks=False):
+                if clear(entry.path):
+                    kept = True
+                else:
+                    os.rmdir(entry.path)
+            else:
+                os.unlink(entry.path)
+        return kept
+
+    clear(home)
+
+
 def _serve_lab(sock, config, walled, np, wire):
     """Become the lab's process: the file fence and the audit hook, then answer requests
     until the test process hangs up. Never returns."""
     sys.path[:0] = config["sys_path"]
     os.umask(0o022)
+    _enter_home(config.get("home"))
     signal.signal(signal.SIGPROF, _on_prof)
     blocked = []
 
@@ -558,7 +600,7 @@ def end_process(pid, grace, kill) -> dict:
         _, st, usage = os.wait4(pid, 0)
     return {"exit": os.WEXITSTATUS(st) if os.WIFEXITED(st) else -1,
             "signal": os.WTERMSIG(st) if os.WIFSIGNALED(st) else 0, "ended_by_grader": not done,
-            "cpu": usage.ru_utime + usage.ru_stime}
+            "cpu": usage.ru_utime + usage.ru_stime, "maxrss_kb": usage.ru_maxrss}
 
 
 def _zygote(ctl_fd, config_path):
@@ -589,6 +631,8 @@ def _zygote(ctl_fd, config_path):
             op = req["op"]
             if op == "spawn":
                 lab_sock, log = fds
+                if req["config"].get("empty_home"):
+                    _empty_home(req["config"]["home"])
                 pid = os.fork()
                 if pid == 0:
                     try:

@@ -9,9 +9,14 @@ Per submission, two kinds of process, each in its own sandbox:
 
 Isolation, strongest first:
 - bubblewrap (``bwrap``) when installed: private mount namespaces (the lab process sees
-  only its lab tree, ``gptkit``, the shared scratch ``tmp/`` and the Python
-  installation; the test process does not see the submission), no network, own PID and
-  IPC namespaces; as root, each kind of process drops to its own unprivileged uid;
+  only its lab tree, ``gptkit``, its own ``/tmp`` and the Python installation; the test
+  process does not see the submission), no network, own PID and IPC namespaces; as root,
+  each kind of process drops to its own unprivileged uid;
+- every lab process has a scratch folder of its own, shared with no other process:
+  ``/tmp`` (also its HOME, TMPDIR and working folder), a tmpfs of ``Limits.disk_mb``
+  in its own mount namespace (bubblewrap's, or one made as root without it); where
+  neither exists, a fresh folder of the scratch that the host removes. The host
+  measures what it holds and stops the process past the quota;
 - always: resource limits (address space, CPU seconds, processes, file size, open
   files), wall-clock limits with the whole process group killed, an output cap, and
   the audit hook of ``labserver.py``.
@@ -40,6 +45,7 @@ from grader.sandbox import labserver, protocol
 
 HERE = Path(__file__).resolve().parent
 SANDBOX_ROOT = "/sandbox"  # where the scratch folder appears inside bubblewrap
+LAB_ROOT = "/mnt/sandbox"  # where its parts appear to a lab process with its own /tmp, as root without bubblewrap
 HYPOTHESIS_DIR = "tmp/hypothesis"  # the test process's Hypothesis storage, in the scratch folder
 
 
@@ -53,6 +59,7 @@ class Limits:
     max_processes: int = 64
     max_file_mb: int = 16  # any file a lab writes, its printed output included
     max_output_kb: int = 512  # what the grader reads back and keeps of a lab's printed output
+    disk_mb: int = 64  # what one lab process may keep in its scratch folder (/tmp)
     test_wall_backstop: float | None = None  # seconds without an answer from lab code (None: see below)
 
     @property
@@ -73,6 +80,9 @@ class RawRun:
     lab_output: dict = field(default_factory=dict)  # lab → the first max_output_kb of what it printed
     lab_output_bytes: dict = field(default_factory=dict)
     dropped: int = 0  # lines on the results pipe that were not well-formed events
+    # lab → what the grader itself saw of its lab processes (never text the lab wrote):
+    # "disk" (MB it held when stopped), "memory" (peak MB), "died" (how many ended by themselves)
+    observed: dict = field(default_factory=dict)
 
 
 def isolation_mode() -> str:
@@ -123,6 +133,82 @@ def can_drop_to(uid: int = LAB_UID) -> bool:
             ok = False
         _dropping[uid] = ok
     return _dropping[uid]
+
+
+_CLONE_NEWNS, _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = (
+    0x20000, 0x1, 0x2, 0x4, 0x20, 0x1000, 0x4000, 0x40000)
+TMPFS_INODES = 4096  # files and folders one lab process's /tmp may hold
+
+
+def tmpfs_bytes(disk_mb: int) -> int:
+    """The size of a lab process's /tmp: its quota and one MB more, so that the host sees
+    a process that filled it pass the quota (and stops it) before the kernel says no."""
+    return (disk_mb + 1) * 1024 * 1024
+
+
+@functools.cache
+def _libc():
+    """The C library, loaded in the grader (never between fork and exec)."""
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _private_tmp(disk_mb: int, binds: tuple = (), keep: tuple[str, ...] = ()) -> None:
+    """Runs in a lab process's child set-up as root without bubblewrap, before any uid
+    drop: a mount namespace of its own (nothing propagates back) whose /tmp is a tmpfs of
+    ``tmpfs_bytes(disk_mb)``, its working folder. What it writes there no other process
+    sees, and it is gone when the process (or the zygote holding it) ends. ``binds``:
+    (host path, path under ``LAB_ROOT``) pairs, the parts of the scratch folder it may
+    see, bound read-only on a tmpfs over ``LAB_ROOT``'s parent (so that none lies under
+    /tmp, which the lab process may write); ``keep``: paths under the host's /tmp it needs
+    (a Python installation there), bound back read-only at the same place."""
+    import ctypes
+
+    libc = _libc()
+
+    def check(ret):
+        if ret != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"private /tmp: {os.strerror(err)}")
+
+    check(libc.unshare(_CLONE_NEWNS))
+    check(libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None))
+    held = [(os.open(src, os.O_PATH), os.path.isdir(src), str(dst)) for src, dst in [*binds, *((p, p) for p in keep)]]
+    opts = f"size={tmpfs_bytes(disk_mb)},nr_inodes={TMPFS_INODES},mode=1777".encode()
+    check(libc.mount(b"tmpfs", b"/tmp", b"tmpfs", _MS_NOSUID | _MS_NODEV, opts))
+    if binds:
+        check(libc.mount(b"tmpfs", os.path.dirname(LAB_ROOT).encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
+                         b"size=1m,mode=0755"))
+    for fd, is_dir, path in held:
+        os.makedirs(path if is_dir else os.path.dirname(path), exist_ok=True)
+        if not is_dir:
+            open(path, "a").close()
+        target = path.encode()
+        check(libc.mount(f"/proc/self/fd/{fd}".encode(), target, None, _MS_BIND | _MS_REC, None))
+        check(libc.mount(None, target, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV, None))
+        os.close(fd)
+    os.chdir("/tmp")
+
+
+@functools.cache
+def private_tmp_works() -> bool:
+    """Without bubblewrap: can the grader give a lab process a /tmp of its own (as root,
+    where the kernel lets it make a mount namespace; not in a container without
+    CAP_SYS_ADMIN)? If not, each lab process gets a fresh folder of the scratch instead."""
+    if os.geteuid() != 0 or not os.path.isdir(os.path.dirname(LAB_ROOT)):
+        return False
+    _libc()
+    try:
+        probe = subprocess.run([sys.executable, "-I", "-S", "-c",
+                                "import os; open('/tmp/.grader-probe', 'w').close(); "
+                                f"os._exit(0 if os.listdir('/tmp') == ['.grader-probe'] "
+                                f"and os.path.isdir('{LAB_ROOT}/probe/bin') else 1)"],
+                               preexec_fn=lambda: _private_tmp(1, (("/usr", f"{LAB_ROOT}/probe"),)),
+                               capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return probe.returncode == 0
 
 
 def python_roots() -> list[str]:
@@ -242,6 +328,57 @@ class _LabProcess:
     pid: int = 0
     cpu: float = 0.0  # once ended: its CPU time (rusage)
     status: dict = field(default_factory=dict)
+    home: str = ""  # its scratch folder as the host sees it ("": its own /tmp, a tmpfs)
+
+
+def _tree_leaf(pid: int) -> int:
+    """The last descendant of ``pid`` (itself if none): inside bubblewrap's namespaces."""
+    while True:
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as fh:
+                children = fh.read().split()
+        except OSError:
+            return pid
+        if not children:
+            return pid
+        pid = int(children[-1])
+
+
+def _peak_mb(pid: int) -> int:
+    """The peak address space of a process so far (VmPeak: what its memory limit caps), in
+    MB; 0 if unknown."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmPeak:"):
+                    return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _folder_bytes(path: str) -> int:
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in dirnames + filenames:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def _empty_folder(path: Path) -> None:
+    """Remove a lab process's scratch folder, whatever modes its files were left with."""
+    def retry(func, p, _exc):
+        try:
+            os.chmod(os.path.dirname(p), 0o700)
+            os.chmod(p, 0o700)
+        except OSError:
+            pass
+        func(p)
+
+    shutil.rmtree(path, onerror=retry)
 
 
 class _LabProcesses:
@@ -266,6 +403,19 @@ class _LabProcesses:
         self.procs: dict[int, _LabProcess] = {}
         self.next_sid = 1
         self.lock = threading.Lock()
+        self.zlock = threading.Lock()  # one request at a time on the zygote's socket
+        self.kill_lock = threading.RLock()  # the test process and the disk watcher both end processes
+        # Each lab process's scratch folder (HOME, TMPDIR, working folder): its own /tmp, a
+        # tmpfs in its own mount namespace (bubblewrap's, or one the grader makes as root);
+        # elsewhere a fresh folder of the scratch, ``ltmp/<n>``.
+        self.private_tmp = mode == "bwrap" or private_tmp_works()
+        # Without bubblewrap, what a lab process needs of a scratch folder under the host's
+        # /tmp (which its own /tmp hides) is bound back read-only.
+        self.keep = tuple(p for p in python_roots() if p.startswith("/tmp/"))
+        if self.private_tmp and mode != "bwrap":
+            self.inside = Path(LAB_ROOT)  # the lab process's view of the scratch folder: see _lab_binds
+        self.homes = 0
+        self.observed: dict[str, dict] = {}  # lab → what the grader saw (RawRun.observed)
 
     def serve(self, sock: socket.socket) -> None:
         while True:
@@ -300,24 +450,64 @@ class _LabProcesses:
                     f.close()
 
     def _common_mounts(self) -> list[str]:
-        inside, scratch = self.inside, self.scratch
+        """A lab process's sandbox: no folder of the test process or of another lab process;
+        its own /tmp, a tmpfs of the disk quota (mounted over the one ``_bwrap`` makes)."""
+        inside = self.inside
         return ["--perms", "0755", "--dir", str(inside), "--perms", "0755", "--dir", str(inside / "kit"),
-                "--perms", "0755", "--dir", str(inside / "impl"),
-                "--ro-bind", str(self.kit / "gptkit"), str(inside / "kit" / "gptkit"),
+                "--perms", "0755", "--dir", str(inside / "impl"), "--perms", "0755", "--dir", str(inside / "lib"),
+                "--perms", "0755", "--dir", str(inside / "lcfg"),
+                "--ro-bind", str(self.kit / "gptkit"), str(inside / "lib" / "gptkit"),
                 "--ro-bind", str(self.kit / "_grader_labserver.py"),
                 str(inside / "kit" / "_grader_labserver.py"),
-                "--bind", str(scratch / "tmp"), str(inside / "tmp"),
-                "--bind", str(scratch / "swork"), str(inside / "swork")]
+                "--perms", "1777", "--size", str(tmpfs_bytes(self.limits.disk_mb)), "--tmpfs", "/tmp",
+                # a Python installation under the host's /tmp, read-only again over the new /tmp
+                *(_bwrap_binds(under_tmp) if (under_tmp := [r for r in python_roots() if r.startswith("/tmp/")])
+                  else [])]
 
-    def _popen(self, cmd: list[str], uid_of: str, log, pass_fds) -> subprocess.Popen:
+    def _new_home(self, lab: str) -> str:
+        """A lab process's scratch folder, as the host sees it ("" for its own /tmp)."""
+        if self.private_tmp:
+            return ""
+        self.homes += 1
+        home = self.scratch / "ltmp" / str(self.homes)
+        home.mkdir(parents=True, mode=0o700)
+        if self.drop:
+            os.chown(home, self.uids[lab], -1)
+        return str(home)
+
+    def _lab_binds(self, labs) -> tuple:
+        """Without bubblewrap, with its own /tmp: the parts of the scratch folder a lab process
+        sees (under ``LAB_ROOT``), as bubblewrap's mounts give them: ``gptkit``, the lab
+        server, the import path's ``lib/``, the configuration, ``labs``' trees."""
+        s, root = self.scratch, Path(LAB_ROOT)
+        return ((s / "kit" / "gptkit", root / "kit" / "gptkit"),
+                (s / "kit" / "_grader_labserver.py", root / "kit" / "_grader_labserver.py"),
+                (s / "lib", root / "lib"), (s / "lcfg", root / "lcfg"),
+                *((s / "impl" / lab, root / "impl" / lab) for lab in labs))
+
+    def _inside_home(self, home: str) -> str:
+        return "/tmp" if not home else home.replace(str(self.scratch), str(self.inside), 1)
+
+    def _popen(self, cmd: list[str], uid_of: str, log, pass_fds, home: str = "", labs=()) -> subprocess.Popen:
         """Start ``cmd`` in its sandbox (bubblewrap's mounts already in ``cmd``), as the
-        user of lab ``uid_of`` where the grader runs as root."""
+        user of lab ``uid_of`` where the grader runs as root, in its scratch folder ``home``
+        (its own /tmp if ""), seeing ``labs``' trees."""
         uid = self.uids[uid_of] if self.drop and self.mode != "bwrap" else None  # bwrap drops to it itself
+        own_tmp = self.private_tmp and self.mode != "bwrap"  # bwrap mounts it itself
+        where = self._inside_home(home)
+        binds = self._lab_binds(labs) if own_tmp else ()
+        if own_tmp:
+            _libc()
+
+        def child():
+            if own_tmp:
+                _private_tmp(self.limits.disk_mb, binds, self.keep)
+            _limit_self(self.limits, self.mode == "bwrap" and os.geteuid() == 0, uid, self.cpus)
+
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                pass_fds=pass_fds, cwd=str(self.scratch / "swork"), env=self.env,
-                                start_new_session=True,
-                                preexec_fn=lambda: _limit_self(self.limits, self.mode == "bwrap"
-                                                               and os.geteuid() == 0, uid, self.cpus))
+                                pass_fds=pass_fds, cwd=home or str(self.scratch / "lcfg"),
+                                env={**self.env, "HOME": where, "TMPDIR": where},
+                                start_new_session=True, preexec_fn=child)
 
     def start_zygote(self) -> None:
         """The process that forks every lab's process of this submission (``labserver.py``):
@@ -325,24 +515,28 @@ class _LabProcesses:
         inside, scratch = self.inside, self.scratch
         first = next(iter(self.labs))
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        base = scratch / "swork" / ".zygote.json"
-        base.write_text(json.dumps({"sys_path": [str(inside / "kit"), *site_packages()]}))
+        base = scratch / "lcfg" / "zygote.json"
+        base.write_text(json.dumps({"sys_path": [str(inside / "lib"), *site_packages()]}))
         cmd = [sys.executable, "-I", "-S", "-B", str(inside / "kit" / "_grader_labserver.py"), "--zygote",
-               str(theirs.fileno()), str(inside / "swork" / base.name)]
+               str(theirs.fileno()), str(inside / "lcfg" / base.name)]
         if self.mode == "bwrap":
-            mounts = self._common_mounts()
+            mounts = [*self._common_mounts(), "--ro-bind", str(base), str(inside / "lcfg" / base.name)]
             for lab in self.labs:
                 mounts += ["--ro-bind", str(scratch / "impl" / lab), str(inside / "impl" / lab)]
-            cmd = _bwrap(python_roots(), mounts, str(inside / "swork"), self.uids[first] if self.drop else None) + cmd
+            cmd = _bwrap(python_roots(), mounts, "/tmp", self.uids[first] if self.drop else None) + cmd
         with open(scratch / "slogs" / ".zygote.txt", "ab") as log:
             try:
-                proc = self._popen(cmd, first, log, (theirs.fileno(),))
+                proc = self._popen(cmd, first, log, (theirs.fileno(),), labs=list(self.labs))
             finally:
                 theirs.close()
         ours.settimeout(120)
         self.zygote = (proc, ours)
 
     def _ask_zygote(self, req: dict, fds=()) -> dict:
+        with self.zlock:
+            return self._ask_zygote_now(req, fds)
+
+    def _ask_zygote_now(self, req: dict, fds=()) -> dict:
         proc, ctl = self.zygote
         if not self.zygote_ready:
             if json.loads(ctl.recv(65536) or b"{}").get("ready") is not True:
@@ -357,16 +551,23 @@ class _LabProcesses:
             raise OSError(reply["error"])
         return reply
 
-    def _config(self, lab: str) -> dict:
+    def _config(self, lab: str, home: str) -> dict:
+        """What a lab process may import, read and write: its lab's tree, ``gptkit`` (on
+        the import path through ``lib/``, which holds nothing else: the kit's tests and
+        hidden tests cannot even be listed), the Python installation, and its own scratch
+        folder ``home`` (its own /tmp if ""), which the zygote empties before it forks."""
         inside = self.inside
-        return {"sys_path": [*(str(inside / "impl" / lab / d) for d in self.labs[lab]), str(inside / "kit"),
+        gptkit = inside / ("lib" if self.mode == "bwrap" else "kit") / "gptkit"
+        where = self._inside_home(home)
+        return {"sys_path": [*(str(inside / "impl" / lab / d) for d in self.labs[lab]), str(inside / "lib"),
                              *site_packages()],
                 "impl": str(inside / "impl" / lab), "student_path": str(inside / "impl" / lab),
-                "read_roots": [*python_roots(), str(inside / "impl" / lab), str(inside / "kit" / "gptkit"),
-                               str(inside / "kit" / "_grader_labserver.py"), str(inside / "tmp"),
-                               str(inside / "swork"), "/usr/lib", "/usr/share/zoneinfo", "/etc/localtime",
+                "home": where, "empty_home": not home,
+                "read_roots": [*python_roots(), str(inside / "impl" / lab), str(gptkit),
+                               str(inside / "kit" / "_grader_labserver.py"), where,
+                               "/usr/lib", "/usr/share/zoneinfo", "/etc/localtime",
                                "/dev/null", "/dev/urandom"],
-                "write_roots": [str(inside / "tmp"), str(inside / "swork"), "/dev/null"]}
+                "write_roots": [where, "/dev/null"]}
 
     def spawn(self, lab: str):
         if lab not in self.labs:
@@ -375,11 +576,12 @@ class _LabProcesses:
         # (its test process was stopped past the lab's time limit), and must not keep a core.
         for sid in [sid for sid, p in self.procs.items() if not p.status]:
             self.kill(sid)
+        home = self._new_home(lab)
         if self.zygote is not None:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 with open(self.scratch / "slogs" / f"{lab}.txt", "ab") as log:
-                    pid = self._ask_zygote({"op": "spawn", "config": self._config(lab)},
+                    pid = self._ask_zygote({"op": "spawn", "config": self._config(lab, home)},
                                            (theirs.fileno(), log.fileno()))["pid"]
             except BaseException:
                 ours.close()
@@ -388,27 +590,29 @@ class _LabProcesses:
                 theirs.close()
             with self.lock:
                 sid, self.next_sid = self.next_sid, self.next_sid + 1
-                self.procs[sid] = _LabProcess(None, lab, int(pid))
+                self.procs[sid] = _LabProcess(None, lab, int(pid), home=home)
             return {"sid": sid}, [ours]
         inside, scratch = self.inside, self.scratch
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        config = self._config(lab)
-        cfg = scratch / "swork" / f".server-{lab}.json"
-        cfg.write_text(json.dumps(config))
+        with self.lock:
+            n = self.next_sid
+        cfg = scratch / "lcfg" / f"{lab}-{n}.json"
+        cfg.write_text(json.dumps(self._config(lab, home)))
         cmd = [sys.executable, "-I", "-S", "-B", str(inside / "kit" / "_grader_labserver.py"),
-               str(theirs.fileno()), str(inside / "swork" / cfg.name)]
+               str(theirs.fileno()), str(inside / "lcfg" / cfg.name)]
         if self.mode == "bwrap":
-            mounts = [*self._common_mounts(), "--ro-bind", str(scratch / "impl" / lab), str(inside / "impl" / lab)]
-            cmd = _bwrap(python_roots(), mounts, str(inside / "swork"), self.uids[lab] if self.drop else None) + cmd
+            mounts = [*self._common_mounts(), "--ro-bind", str(scratch / "impl" / lab), str(inside / "impl" / lab),
+                      "--ro-bind", str(cfg), str(inside / "lcfg" / cfg.name)]
+            cmd = _bwrap(python_roots(), mounts, "/tmp", self.uids[lab] if self.drop else None) + cmd
         log = open(scratch / "slogs" / f"{lab}.txt", "ab")
         try:
-            proc = self._popen(cmd, lab, log, (theirs.fileno(),))
+            proc = self._popen(cmd, lab, log, (theirs.fileno(),), home, labs=[lab])
         finally:
             log.close()
             theirs.close()
         with self.lock:
             sid, self.next_sid = self.next_sid, self.next_sid + 1
-            self.procs[sid] = _LabProcess(proc, lab)
+            self.procs[sid] = _LabProcess(proc, lab, home=home)
         return {"sid": sid}, [ours]
 
     def cpu(self, sid: int) -> float:
@@ -421,7 +625,68 @@ class _LabProcesses:
 
     def kill(self, sid: int, grace: float = 0.0) -> dict:
         """End a lab process (after ``grace`` seconds to end by itself); its exit status and CPU time."""
-        p = self.procs[sid]
+        with self.kill_lock:
+            p = self.procs[sid]
+            first = not p.status
+            reply = self._kill(p, grace)
+            if first:
+                self._observe(p, grace)
+            return reply
+
+    def _observe(self, p: _LabProcess, grace: float) -> None:
+        """What the grader itself saw of a lab process that has just ended (``grace`` > 0:
+        the test process found it gone or unanswering): its peak memory, whether it ended
+        by itself. Its scratch folder goes."""
+        seen = self.observed.setdefault(p.lab, {})
+        peak = int(p.status.get("maxrss_kb", 0) or 0) // 1024
+        seen["memory"] = max(seen.get("memory", 0), peak)
+        if grace > 0 or not p.status.get("ended_by_grader", False):
+            seen["died"] = seen.get("died", 0) + 1
+        if p.home:
+            _empty_folder(Path(p.home))
+
+    def _holder(self, p: _LabProcess) -> int:
+        """A host pid inside a live lab process's sandbox: its own, or that of the zygote's tree."""
+        if p.proc is None:
+            return _tree_leaf(self.zygote[0].pid) if self.zygote is not None else 0
+        return _tree_leaf(p.proc.pid)
+
+    def _disk_used(self, p: _LabProcess) -> int | None:
+        """Bytes a live lab process keeps in its scratch folder, as the host measures them
+        (None if it cannot): its own /tmp is seen through ``/proc/<pid>/root``, and only
+        a tmpfs of the quota's size counts (not a /tmp it does not have yet)."""
+        if p.home:
+            return _folder_bytes(p.home)
+        holder = self._holder(p)
+        if not holder:
+            return None
+        try:
+            st = os.statvfs(f"/proc/{holder}/root/tmp")
+        except OSError:
+            return None
+        if st.f_blocks * st.f_frsize != tmpfs_bytes(self.limits.disk_mb):
+            return None
+        return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+    def watch_disk(self, stop: threading.Event, every: float = 0.1) -> None:
+        """The disk quota: a lab process that keeps more than ``Limits.disk_mb`` in its
+        scratch folder is stopped, and the grader notes it (its own /tmp is a tmpfs that
+        size too: the kernel stops the writes a moment later anyway). Also notes each
+        live process's peak address space."""
+        quota = self.limits.disk_mb * 1024 * 1024
+        while not stop.wait(every):
+            for sid, p in list(self.procs.items()):
+                if p.status:
+                    continue
+                seen = self.observed.setdefault(p.lab, {})
+                peak = _peak_mb(self._holder(p))  # also kept at its end (rusage), where the host reaps it
+                seen["memory"] = max(seen.get("memory", 0), peak)
+                used = self._disk_used(p)
+                if used is not None and used > quota:
+                    seen["disk"] = max(seen.get("disk", 0), used // (1024 * 1024))
+                    self.kill(sid)
+
+    def _kill(self, p: _LabProcess, grace: float) -> dict:
         if not p.status and p.proc is None:
             try:
                 reply = self._ask_zygote({"op": "end", "pid": p.pid, "grace": grace})
@@ -486,8 +751,10 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
     ctl_ours, ctl_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     ctl_theirs.set_inheritable(True)
     roots = python_roots()
-    for sub in ("logs", "slogs", "swork"):
+    for sub in ("logs", "slogs", "lcfg", "lib"):
         (scratch / sub).mkdir(exist_ok=True)
+    if mode != "bwrap":  # the lab process's import path holds gptkit and nothing else of the kit
+        (scratch / "lib" / "gptkit").symlink_to(Path("..") / "kit" / "gptkit")
     plan = {
         "sys_path": [str(inside / "kit"), *site_packages()],
         "results_fd": w_fd,
@@ -513,12 +780,11 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
            # with the torch extra) cost more than a lab's tests.
            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
            "HYPOTHESIS_STORAGE_DIRECTORY": str(inside / HYPOTHESIS_DIR)}
-    lab_env = {**{k: env[k] for k in ("PATH", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-                                      "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "LANG")},
-               "HOME": str(inside / "swork"), "TMPDIR": str(inside / "tmp")}
+    lab_env = {k: env[k] for k in ("PATH", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                                   "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "LANG")}  # + HOME, TMPDIR: its own
     root = os.geteuid() == 0
-    for shared in ("tmp", "swork", "slogs"):  # every process writes here; each its own files
-        (scratch / shared).chmod(0o1777)
+    (scratch / "tmp").chmod(0o1777)  # the test process's (pytest's basetemp, Hypothesis): never a lab process's
+    (scratch / "slogs").chmod(0o700)  # what lab processes print: the grader opens the files for them
     if root:
         # The lab process runs as another user: the tests, fixtures and hidden tests are
         # the test process's alone (bubblewrap does not even mount them for the lab process).
@@ -531,7 +797,7 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
     drop_uid = None
     if mode == "bwrap":
         mounts = ["--bind", str(scratch), SANDBOX_ROOT, "--ro-bind", str(kit), str(inside / "kit"),
-                  "--tmpfs", str(inside / "impl"), "--tmpfs", str(inside / "swork")]
+                  "--tmpfs", str(inside / "impl")]
         cmd = _bwrap(roots, mounts, str(inside / "work"), TEST_UID + slot if root else None) + cmd
     elif root and can_drop_to():
         drop_uid = TEST_UID + slot
@@ -545,6 +811,9 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
             (scratch / "impl" / lab).chmod(0o700)
     if children.use_zygote:
         children.start_zygote()
+    watching = threading.Event()
+    watcher = threading.Thread(target=children.watch_disk, args=(watching,), daemon=True)
+    watcher.start()
     out_chunks: list[bytes] = []
     res_chunks: list[bytes] = []
     flags: dict = {}
@@ -586,10 +855,13 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
         t.join(timeout=5)
     ctl_ours.close()
     threads[2].join(timeout=5)
+    watching.set()
+    watcher.join(timeout=5)
     children.stop_all()
     results.close()
     raw = RawRun(output=b"".join(out_chunks).decode("utf-8", "replace"), killed=killed,
-                 returncode=proc.returncode, seconds=time.monotonic() - start, isolation=mode)
+                 returncode=proc.returncode, seconds=time.monotonic() - start, isolation=mode,
+                 observed=children.observed)
     for j in jobs:
         log = scratch / "slogs" / f"{j['lab']}.txt"
         if log.is_file():
@@ -622,6 +894,7 @@ def _same_paths(event: protocol.Event, inside: str) -> protocol.Event:
     if inside == SANDBOX_ROOT:
         return event
     return dataclasses.replace(event, **{f.name: getattr(event, f.name).replace(inside, SANDBOX_ROOT)
+                                         .replace(LAB_ROOT, SANDBOX_ROOT)
                                          for f in dataclasses.fields(event) if isinstance(getattr(event, f.name), str)})
 
 

@@ -135,16 +135,17 @@ def test_syntax_error(grader, make_submission, full_marks):
 # --- what the sandbox refuses, on honest code around it ------------------------------------
 
 def test_sandbox_blocks_reading_the_kit_and_host(grader, make_submission):
-    code = ("def _peek(p):\n    try:\n        return open(p).read()\n    except Exception as e:\n        return str(e)\n"
+    """Lab code that reads the solutions, the kit's tests or the host's files gets nothing
+    (it would refuse to import if it did), and is otherwise honest: it keeps its points.
+    What it was refused is its own error, not a flag (flags are the grader's own)."""
+    code = ("def _peek(p):\n    try:\n        return open(p).read()\n    except Exception:\n        return None\n"
             f"LEAK = [_peek(p) for p in ('{os.path.abspath('solutions/01_causal_mask/causal_mask.py')}',"
             " '../kit/tests/01_causal_mask/test_causal_mask.py', '/etc/hostname')]\n"
-            "print(LEAK)\n")
+            "if any(x is not None for x in LEAK):\n    raise RuntimeError(f'read {LEAK}')\n")
     sub = make_submission(edits={CM: [(IMPORT_LINE, IMPORT_LINE + code)]})
     r = grader.grade("s", sub)
-    text = all_flags_text(r)
-    assert "blocked" in text and "test_causal_mask.py" in text, text  # the audit hook, whatever the isolation
-    # honest code otherwise: it still earns its points
-    assert r.labs[L1].points == grader.rubric[L1].points
+    assert r.labs[L1].points == grader.rubric[L1].points, [t.message[:300] for t in r.labs[L1].tests][:2]
+    assert "blocked" not in all_flags_text(r)
 
 
 def test_sandbox_blocks_torch_processes_and_writing_outside(grader, make_submission, tmp_path):
