@@ -10,8 +10,8 @@ stay here and travel as numbered handles. It holds no token and no way to write 
 result: whatever the lab code does in this process, the test process judges only the
 values it receives.
 
-    python -I -S -B _grader_labserver.py FD CONFIG_JSON
-    python -I -S -B _grader_labserver.py --zygote CONTROL_FD BASE_CONFIG_JSON
+    python -I -S -B _grader_labserver.py FD CONFIG_FD
+    python -I -S -B _grader_labserver.py --zygote CONTROL_FD BASE_CONFIG_FD
     python -I -S -B _grader_labserver.py --walls
 """
 
@@ -543,6 +543,13 @@ def _serve_lab(sock, config, walled, np, wire):
     os._exit(0)
 
 
+def _read_config(arg):
+    """The configuration the grader wrote, as JSON, into the pipe whose read end is ``arg``
+    (a descriptor number: no file that lab code could replace)."""
+    with os.fdopen(int(arg), "rb") as fh:
+        return json.loads(fh.read())
+
+
 def main():
     # No cyclic collections while NumPy and the rest load (a tenth of their import time),
     # and none of what they loaded is looked at again: it is frozen before lab code runs.
@@ -552,8 +559,7 @@ def main():
     if sys.argv[1] == "--zygote":
         _zygote(int(sys.argv[2]), sys.argv[3])
     fd = int(sys.argv[1])
-    with open(sys.argv[2], encoding="utf-8") as fh:
-        config = json.load(fh)
+    config = _read_config(sys.argv[2])
     sock = socket.socket(fileno=fd)
     walled = _no_new_processes()  # first: every thread started from here on inherits it
     sys.path[:0] = config["sys_path"]
@@ -605,8 +611,7 @@ def _zygote(ctl_fd, config_path):
     → ``pid``; ``cpu`` → its CPU seconds so far; ``end`` (after ``grace`` seconds to end
     by itself) → its exit status and CPU seconds."""
     ctl = socket.socket(fileno=ctl_fd)
-    with open(config_path, encoding="utf-8") as fh:
-        base = json.load(fh)
+    base = _read_config(config_path)
     sys.path[:0] = base["sys_path"]
     os.umask(0o022)
     np, wire = _load(walled=True)
