@@ -544,9 +544,10 @@ def _serve_lab(sock, config, walled, np, wire):
 
 
 def _read_config(arg):
-    """The configuration the grader wrote, as JSON, into the pipe whose read end is ``arg``
-    (a descriptor number: no file that lab code could replace)."""
-    with os.fdopen(int(arg), "rb") as fh:
+    """The configuration, as JSON: the grader writes it into a pipe whose read end is
+    ``arg`` (a descriptor number: no file that lab code could replace); a path is read
+    as a file (tests that start this file by hand)."""
+    with (os.fdopen(int(arg), "rb") if arg.isdigit() else open(arg, "rb")) as fh:
         return json.loads(fh.read())
 
 
