@@ -12,9 +12,14 @@ Isolation, strongest first:
   only its lab tree, ``gptkit``, the shared scratch ``tmp/`` and the Python
   installation; the test process does not see the submission), no network, own PID and
   IPC namespaces; as root, each kind of process drops to its own unprivileged uid;
-- always: resource limits (address space, CPU seconds, processes, file size, open
-  files), wall-clock limits with the whole process group killed, an output cap, and
-  the audit hook of ``labserver.py``.
+- as root without bubblewrap: each process takes a network namespace of its own, then
+  drops to its unprivileged uid with no capabilities and no_new_privs, running a Python
+  that uid can read (``runtime.py``); where that cannot be done, grading is refused;
+- not root, without bubblewrap: a user and network namespace where the kernel allows one;
+- always: resource limits (address space, CPU seconds, processes and threads, file size,
+  open files), wall-clock limits with the whole process group killed, an output cap,
+  the kernel walls and the audit hook of ``labserver.py``. The grader writes nothing in
+  a folder lab code can write: configurations go through pipes, logs to ``slogs/``.
 """
 
 from __future__ import annotations
