@@ -4,10 +4,11 @@ Graded as root without bubblewrap, the test process and the lab processes run as
 unprivileged users (``runner.TEST_UID``, ``runner.LAB_UID``), with no capabilities,
 ``no_new_privs`` and a network namespace of their own. Those users must be able to read
 the interpreter: where it lives in a private home (``/root`` is mode 0700), this module
-builds a *public runtime*, a root-owned, world-readable folder that holds hard links (or
-copies, across file systems) of the interpreter's installation and of the packages the
-sandbox imports, and the sandboxed processes run that interpreter. Where neither works,
-grading refuses (:class:`SandboxRefused`): lab code never runs as root.
+builds a *public runtime*, a root-owned folder that others may read and pass through,
+holding hard links (or copies, across file systems; each file and folder keeps its
+mode: nothing private is made readable) of the interpreter's installation and of the
+packages the sandbox imports, and the sandboxed processes run that interpreter. Where
+neither works, grading refuses (:class:`SandboxRefused`): lab code never runs as root.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ LEFT_OUT = {"torch", "torchgen", "functorch", "nvidia", "triton", "transformers"
 # Of the interpreter's own installation: what no sandboxed process runs.
 LEFT_OUT_STDLIB = {"test", "site-packages", "idlelib", "ensurepip", "lib2to3", "tkinter", "turtledemo"}
 RUNTIMES = os.environ.get("GRADER_RUNTIME_DIR", "/var/tmp/gptkit-runtimes")
-FORMAT = 1  # bumped when the layout below changes
+FORMAT = 2  # bumped when the layout below changes
 
 PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP = 38, 24
 CLONE_NEWNET, CLONE_NEWUSER = 0x40000000, 0x10000000
@@ -144,15 +145,12 @@ def _key(host: Runtime) -> str:
 
 
 def _link_or_copy(src: str, dst: str) -> str:
-    st = os.stat(src)
-    if st.st_mode & 0o004:  # others may read it: the same inode serves
-        try:
-            os.link(src, dst, follow_symlinks=False)
-            return dst
-        except OSError:
-            pass
-    shutil.copy2(src, dst)
-    os.chmod(dst, 0o755 if st.st_mode & 0o111 else 0o644)
+    """The same inode where it can (no copy, its mode as it is: nothing private is made
+    readable), a copy with the same mode across file systems."""
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError:
+        shutil.copy2(src, dst)
     return dst
 
 
@@ -189,11 +187,6 @@ def build_public_runtime(host: Runtime, parent: str = RUNTIMES) -> Runtime:
                        {sys.base_prefix: {"include", "share"}, sysconfig.get_paths()["stdlib"]: LEFT_OUT_STDLIB})
             for i, site in enumerate(host.site):
                 _copy_tree(site, os.path.join(tmp, f"site-{i}"), {site: LEFT_OUT})
-            for dirpath, dirnames, _files in os.walk(tmp):
-                for d in dirnames:
-                    p = os.path.join(dirpath, d)
-                    if not os.path.islink(p):
-                        os.chmod(p, 0o755)
             os.rename(tmp, final)
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)
