@@ -35,7 +35,7 @@ RUNTIMES = os.environ.get("GRADER_RUNTIME_DIR", "/var/tmp/gptkit-runtimes")
 FORMAT = 2  # bumped when the layout below changes
 
 PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP = 38, 24
-CLONE_NEWNET, CLONE_NEWUSER = 0x40000000, 0x10000000
+CLONE_NEWNET, CLONE_NEWUSER, CLONE_NEWIPC = 0x40000000, 0x10000000, 0x08000000
 
 
 class SandboxRefused(RuntimeError):
@@ -69,14 +69,16 @@ except (OSError, ValueError):
 
 
 def no_network() -> None:
-    """A network namespace of its own (only a loopback that is down): as root, or where an
-    unprivileged user namespace can be made. Raises OSError where neither works."""
+    """A network namespace of its own (only a loopback that is down), and an IPC namespace
+    (no System V memory or message queue shared with another student's processes of the
+    same user): as root, or where an unprivileged user namespace can be made. Raises
+    OSError where neither works."""
     if os.geteuid() == 0:
-        if _libc.unshare(CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET)")
+        if _libc.unshare(CLONE_NEWNET | CLONE_NEWIPC) != 0:
+            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET | CLONE_NEWIPC)")
         return
     uid, gid = os.getuid(), os.getgid()
-    if _libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
+    if _libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWIPC) != 0:
         raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER | CLONE_NEWNET)")
     for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
         fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
