@@ -3,7 +3,7 @@
 Graded as root without bubblewrap, the test process and the lab processes run as
 unprivileged users (``runner.TEST_UID``, ``runner.LAB_UID``), with no capabilities,
 ``no_new_privs`` and a network namespace of their own. Those users must be able to read
-the interpreter: where it lives in a private home (``/root`` is mode 0700), this module
+the interpreter: where it lives in a private home (root's is usually mode 0700), this module
 builds a *public runtime*, a root-owned folder that others may read and pass through,
 holding hard links (or copies, across file systems; each file and folder keeps its
 mode: nothing private is made readable) of the interpreter's installation and of the
