@@ -261,8 +261,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from grader.sandbox.runtime import SandboxRefused
+
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except SandboxRefused as exc:  # one line: why the grader will not run lab code here
+        print(f"grader: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ stay here and travel as numbered handles. It holds no token and no way to write 
 result: whatever the lab code does in this process, the test process judges only the
 values it receives.
 
-    python -I -S -B _grader_labserver.py FD CONFIG_JSON
-    python -I -S -B _grader_labserver.py --zygote CONTROL_FD BASE_CONFIG_JSON
+    python -I -S -B _grader_labserver.py FD CONFIG_FD
+    python -I -S -B _grader_labserver.py --zygote CONTROL_FD BASE_CONFIG_FD
     python -I -S -B _grader_labserver.py --walls
 """
 
@@ -36,23 +36,42 @@ def _on_prof(signum, frame):
 
 
 # The kernel's wall (seccomp): this process and its threads may not start another
-# process, run another program, open a socket, or trace/read/signal another process
-# (every call that sends a signal is refused: kill, tkill, tgkill, the sigqueue calls,
-# pidfd_send_signal; its own process included).
+# process, run another program, make a socket or a device, or trace/read/signal another
+# process. Every call that sends a signal is refused (kill, tkill, tgkill, the sigqueue
+# calls, pidfd_send_signal; its own process included), and so is every way to have the
+# kernel send one for it: a file's owner for SIGIO/SIGURG (fcntl F_SETOWN, F_SETOWN_EX,
+# F_SETSIG, ioctl FIOSETOWN/SIOCSPGRP, a terminal's TIOCSPGRP), leases and dnotify
+# (F_SETLEASE, F_NOTIFY), perf events. io_uring is refused whole: its operations
+# (IORING_OP_SOCKET, …) pass no system call that this filter would see. So are
+# socketpair, mknod/mknodat, new namespaces (unshare, setns), another process's files,
+# memory or limits (pidfd_getfd, process_madvise, process_mrelease, kcmp, prlimit64 on
+# another pid), bpf and userfaultfd.
 # Threads stay allowed (clone with CLONE_THREAD; clone3 answers ENOSYS so the C library
 # falls back to clone). Unlike the audit hook below, lab code cannot get around it:
 # ``_posixsubprocess.fork_exec``, for one, raises no audit event, but it needs clone().
+_SHARED = {425: "io_uring_setup", 426: "io_uring_enter", 427: "io_uring_register", 424: "pidfd_send_signal",
+           434: "pidfd_open", 438: "pidfd_getfd", 440: "process_madvise", 448: "process_mrelease"}
+_FCNTL_SIGNALS = {8, 10, 15, 1024, 1026}  # F_SETOWN, F_SETSIG, F_SETOWN_EX, F_SETLEASE, F_NOTIFY
+_IOCTL_SIGNALS = {0x8901, 0x8902, 0x5410, 0x5412}  # FIOSETOWN, SIOCSPGRP, TIOCSPGRP, TIOCSTI
 _NO_PROCESSES = {
-    # machine: (AUDIT_ARCH, clone, clone3, syscalls refused with EPERM)
-    "x86_64": (0xC000003E, 56, 435, {57: "fork", 58: "vfork", 59: "execve", 322: "execveat", 101: "ptrace",
-                                     310: "process_vm_readv", 311: "process_vm_writev", 41: "socket",
-                                     62: "kill", 200: "tkill", 234: "tgkill", 129: "rt_sigqueueinfo",
-                                     297: "rt_tgsigqueueinfo", 424: "pidfd_send_signal", 434: "pidfd_open"}),
-    "aarch64": (0xC00000B7, 220, 435, {221: "execve", 281: "execveat", 117: "ptrace", 270: "process_vm_readv",
-                                       271: "process_vm_writev", 198: "socket", 129: "kill", 130: "tkill",
-                                       131: "tgkill", 138: "rt_sigqueueinfo", 240: "rt_tgsigqueueinfo",
-                                       424: "pidfd_send_signal", 434: "pidfd_open"}),
+    # machine: (AUDIT_ARCH, clone, clone3, syscalls refused with EPERM,
+    #           {syscall: (argument, values refused, name)}: refused when the low 32 bits of that argument match)
+    "x86_64": (0xC000003E, 56, 435, {**_SHARED, 57: "fork", 58: "vfork", 59: "execve", 322: "execveat",
+                                     101: "ptrace", 310: "process_vm_readv", 311: "process_vm_writev",
+                                     41: "socket", 53: "socketpair", 62: "kill", 200: "tkill", 234: "tgkill",
+                                     129: "rt_sigqueueinfo", 297: "rt_tgsigqueueinfo", 133: "mknod",
+                                     259: "mknodat", 312: "kcmp", 298: "perf_event_open", 321: "bpf",
+                                     323: "userfaultfd", 272: "unshare", 308: "setns"},
+               {72: (1, _FCNTL_SIGNALS, "fcntl"), 16: (1, _IOCTL_SIGNALS, "ioctl"), 302: (0, None, "prlimit64")}),
+    "aarch64": (0xC00000B7, 220, 435, {**_SHARED, 221: "execve", 281: "execveat", 117: "ptrace",
+                                       270: "process_vm_readv", 271: "process_vm_writev", 198: "socket",
+                                       199: "socketpair", 129: "kill", 130: "tkill", 131: "tgkill",
+                                       138: "rt_sigqueueinfo", 240: "rt_tgsigqueueinfo", 33: "mknodat",
+                                       272: "kcmp", 241: "perf_event_open", 280: "bpf", 282: "userfaultfd",
+                                       97: "unshare", 268: "setns"},
+                {25: (1, _FCNTL_SIGNALS, "fcntl"), 29: (1, _IOCTL_SIGNALS, "ioctl"), 261: (0, None, "prlimit64")}),
 }
+# (prlimit64's ``None``: refused for any pid but 0, this process: setrlimit passes 0.)
 
 
 def _libc_without_new_privileges():
@@ -75,7 +94,7 @@ def _no_new_processes():
     machine = os.uname().machine
     if machine not in _NO_PROCESSES:
         return False
-    arch, clone, clone3, refused = _NO_PROCESSES[machine]
+    arch, clone, clone3, refused, by_argument = _NO_PROCESSES[machine]
     ld, jeq, jset, ret = 0x20, 0x15, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JSET|K, BPF_RET|K
     allow, kill = 0x7FFF0000, 0x80000000  # SECCOMP_RET_ALLOW, SECCOMP_RET_KILL_PROCESS
     eperm, enosys = 0x00050000 | 1, 0x00050000 | 38  # SECCOMP_RET_ERRNO | errno
@@ -85,6 +104,18 @@ def _no_new_processes():
         prog += [(0x35, 0, 1, 0x40000000), (ret, 0, 0, eperm)]  # BPF_JMP|JGE|K
     for nr in refused:
         prog += [(jeq, 0, 1, nr), (ret, 0, 0, eperm)]
+    for nr, (arg, values, _name) in by_argument.items():
+        # seccomp_data: nr (u32), arch (u32), instruction pointer (u64), args[6] (u64 each):
+        # the low 32 bits of args[i] at 16 + 8 i on these little-endian machines, which is
+        # all of an int argument the kernel reads (fcntl's cmd, ioctl's request, a pid).
+        block = [(ld, 0, 0, 16 + 8 * arg)]
+        if values is None:  # refused unless 0
+            block += [(jeq, 1, 0, 0), (ret, 0, 0, eperm)]
+        else:
+            for v in sorted(values):
+                block += [(jeq, 0, 1, v), (ret, 0, 0, eperm)]
+        block += [(ret, 0, 0, allow)]
+        prog += [(jeq, 0, len(block), nr), *block]
     prog += [(jeq, 0, 1, clone3), (ret, 0, 0, enosys),
              (jeq, 0, 4, clone), (ld, 0, 0, 16),  # clone's flags (low half of args[0])
              (jset, 0, 1, 0x00010000), (ret, 0, 0, allow),  # CLONE_THREAD: a thread
@@ -121,7 +152,14 @@ def _files_fence(read_roots, write_roots, list_roots=()):
     everything = (1 << 13) - 1 | (1 << 13 if abi >= 2 else 0) | (1 << 14 if abi >= 3 else 0) | (
         1 << 15 if abi >= 5 else 0)
     read = 1 | 4 | 8  # execute, read a file, read a directory
-    attr = struct.pack("QQQ", everything, 0, 0)
+    # struct landlock_ruleset_attr: handled_access_fs, handled_access_net (ABI 4), scoped
+    # (ABI 6), each a u64; the kernel takes the size of the fields its ABI knows. TCP bind
+    # and connect are handled with no rule that allows them: refused. Scoped: no abstract
+    # Unix socket outside this process's domain, and no signal to a process outside it
+    # (kill and its relatives, and the SIGIO/SIGURG of a file's owner).
+    net = 1 | 2 if abi >= 4 else 0  # LANDLOCK_ACCESS_NET_BIND_TCP, _CONNECT_TCP
+    scoped = 1 | 2 if abi >= 6 else 0  # LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET, _SIGNAL
+    attr = struct.pack("=QQQ", everything, net, scoped)
     size = 8 if abi < 4 else (16 if abi < 6 else 24)
     buf = ctypes.create_string_buffer(attr, len(attr))
     ruleset = libc.syscall(create, buf, ctypes.c_size_t(size), ctypes.c_uint32(0))
@@ -547,6 +585,14 @@ def _serve_lab(sock, config, walled, np, wire):
     os._exit(0)
 
 
+def _read_config(arg):
+    """The configuration, as JSON: the grader writes it into a pipe whose read end is
+    ``arg`` (a descriptor number: no file that lab code could replace); a path is read
+    as a file (tests that start this file by hand)."""
+    with (os.fdopen(int(arg), "rb") if arg.isdigit() else open(arg, "rb")) as fh:
+        return json.loads(fh.read())
+
+
 def main():
     # No cyclic collections while NumPy and the rest load (a tenth of their import time),
     # and none of what they loaded is looked at again: it is frozen before lab code runs.
@@ -556,8 +602,7 @@ def main():
     if sys.argv[1] == "--zygote":
         _zygote(int(sys.argv[2]), sys.argv[3])
     fd = int(sys.argv[1])
-    with open(sys.argv[2], encoding="utf-8") as fh:
-        config = json.load(fh)
+    config = _read_config(sys.argv[2])
     sock = socket.socket(fileno=fd)
     walled = _no_new_processes()  # first: every thread started from here on inherits it
     sys.path[:0] = config["sys_path"]
@@ -609,8 +654,7 @@ def _zygote(ctl_fd, config_path):
     → ``pid``; ``cpu`` → its CPU seconds so far; ``end`` (after ``grace`` seconds to end
     by itself) → its exit status and CPU seconds."""
     ctl = socket.socket(fileno=ctl_fd)
-    with open(config_path, encoding="utf-8") as fh:
-        base = json.load(fh)
+    base = _read_config(config_path)
     sys.path[:0] = base["sys_path"]
     os.umask(0o022)
     np, wire = _load(walled=True)

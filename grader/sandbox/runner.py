@@ -12,14 +12,19 @@ Isolation, strongest first:
   only its lab tree, ``gptkit``, its own ``/tmp`` and the Python installation; the test
   process does not see the submission), no network, own PID and IPC namespaces; as root,
   each kind of process drops to its own unprivileged uid;
+- as root without bubblewrap: each process takes a network namespace of its own, then
+  drops to its unprivileged uid with no capabilities and no_new_privs, running a Python
+  that uid can read (``runtime.py``); where that cannot be done, grading is refused;
+- not root, without bubblewrap: a user and network namespace where the kernel allows one;
 - every lab process has a scratch folder of its own, shared with no other process:
   ``/tmp`` (also its HOME, TMPDIR and working folder), a tmpfs of ``Limits.disk_mb``
   in its own mount namespace (bubblewrap's, or one made as root without it); where
   neither exists, a fresh folder of the scratch that the host removes. The host
   measures what it holds and stops the process past the quota;
-- always: resource limits (address space, CPU seconds, processes, file size, open
-  files), wall-clock limits with the whole process group killed, an output cap, and
-  the audit hook of ``labserver.py``.
+- always: resource limits (address space, CPU seconds, processes and threads, file size,
+  open files), wall-clock limits with the whole process group killed, an output cap,
+  the kernel walls and the audit hook of ``labserver.py``. The grader writes nothing in
+  a folder lab code can write: configurations go through pipes, logs to ``slogs/``.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -41,7 +47,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grader.sandbox import labserver, protocol
+from grader.sandbox import labserver, protocol, runtime
+from grader.sandbox.runtime import SandboxRefused  # noqa: F401 - raised here, caught by the CLI
 
 HERE = Path(__file__).resolve().parent
 SANDBOX_ROOT = "/sandbox"  # where the scratch folder appears inside bubblewrap
@@ -86,16 +93,19 @@ class RawRun:
 
 
 def isolation_mode() -> str:
-    """'bwrap' when bubblewrap works here, else 'rlimits' (limits and audit hook only)."""
-    if os.environ.get("GRADER_NO_BWRAP"):
-        return "rlimits"
+    """'bwrap' when bubblewrap works here, else 'rlimits' (limits, kernel walls, audit hook).
+    As root without bubblewrap, raises SandboxRefused (one line) when the sandboxed
+    processes cannot be dropped to an unprivileged user: lab code never runs as root."""
+    mode = "rlimits"
     bwrap = shutil.which("bwrap")
-    if not bwrap:
-        return "rlimits"
-    probe = subprocess.run([bwrap, "--ro-bind", "/", "/", "--unshare-pid", "--unshare-net",
-                            *([] if os.geteuid() == 0 else ["--unshare-user"]), "true"],
-                           capture_output=True, timeout=30)
-    return "bwrap" if probe.returncode == 0 else "rlimits"
+    if bwrap and not os.environ.get("GRADER_NO_BWRAP"):
+        probe = subprocess.run([bwrap, "--ro-bind", "/", "/", "--unshare-pid", "--unshare-net",
+                                *([] if os.geteuid() == 0 else ["--unshare-user"]), "true"],
+                               capture_output=True, timeout=30)
+        mode = "bwrap" if probe.returncode == 0 else "rlimits"
+    if mode == "rlimits" and os.geteuid() == 0:
+        runtime.for_dropped_user(LAB_UID)
+    return mode
 
 
 USE_ZYGOTE = True  # tests turn it off to attack the other way of starting lab processes
@@ -114,25 +124,26 @@ def kernel_walls() -> bool:
     return probe.returncode == 0
 
 
-_dropping: dict[int, bool] = {}
 TEST_UID, LAB_UID = 61000, 62000  # + the job slot (the test process); + 64 × slot + the lab's index
 
 
 def can_drop_to(uid: int = LAB_UID) -> bool:
-    """Without bubblewrap, as root: can this Python run as another user (its installation
-    readable by others)? If not, processes keep root's uid and the audit hook is the only fence."""
-    if uid not in _dropping:
-        def drop():
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-        try:
-            ok = subprocess.run([sys.executable, "-I", "-c", "import numpy, pytest"], preexec_fn=drop,
-                                capture_output=True, timeout=60).returncode == 0
-        except (OSError, subprocess.SubprocessError):
-            ok = False
-        _dropping[uid] = ok
-    return _dropping[uid]
+    """Without bubblewrap, as root: can the sandboxed processes run as another user, with no
+    capabilities (this Python, or its public copy: ``runtime.py``)? If not, grading is
+    refused (``isolation_mode``): nothing runs as root."""
+    try:
+        runtime.for_dropped_user(uid)
+        return True
+    except SandboxRefused:
+        return False
+
+
+def sandbox_runtime(mode: str) -> runtime.Runtime:
+    """The Python the sandboxed processes run: as root without bubblewrap, one that an
+    unprivileged user can read (SandboxRefused if none); else this one."""
+    if mode != "bwrap" and os.geteuid() == 0:
+        return runtime.for_dropped_user(LAB_UID)
+    return runtime.host_runtime()
 
 
 _CLONE_NEWNS, _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = (
@@ -223,9 +234,11 @@ def site_packages() -> list[str]:
     return sorted({os.path.realpath(paths["purelib"]), os.path.realpath(paths["platlib"])})
 
 
-def _limit_self(limits: Limits, as_root_drop: bool, uid: int | None = None, cpus=None) -> None:
-    """Runs in the child between fork and exec (``uid``: drop to it, without bubblewrap;
-    ``cpus``: the cores it may run on)."""
+def _limit_self(limits: Limits, as_root_drop: bool, uid: int | None = None, cpus=None,
+                user_net: bool = False) -> None:
+    """Runs in the child between fork and exec (``uid``: drop to it, without bubblewrap,
+    after taking a network namespace of its own; ``user_net``: not root, a user and
+    network namespace of its own; ``cpus``: the cores it may run on)."""
     if cpus:
         os.sched_setaffinity(0, cpus)
     mb = 1024 * 1024
@@ -244,10 +257,11 @@ def _limit_self(limits: Limits, as_root_drop: bool, uid: int | None = None, cpus
         n = limits.max_processes + current
         resource.setrlimit(resource.RLIMIT_NPROC, (n, n))
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails instead of killing
-    if uid is not None:
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
+    if uid is not None:  # any failure here raises: the child never runs, least of all as root
+        runtime.no_network()
+        runtime.drop_privileges(uid)
+    elif user_net:
+        runtime.no_network()
 
 
 def _drain(stream, cap: int, sink: list, flag: dict) -> None:
@@ -289,7 +303,7 @@ def _bwrap(roots: list[str], mounts: list[str], chdir: str, uid: int | None) -> 
               *_bwrap_binds(roots), *mounts, "--chdir", chdir]
     if uid is not None:
         prefix += ["/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-                   "--inh-caps=-all", "--bounding-set=-all"]
+                   "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--no-new-privs"]
     return prefix
 
 
@@ -298,6 +312,52 @@ def _chown_tree(path: Path, uid: int) -> None:
         os.chown(dirpath, uid, uid)
         for f in filenames:
             os.chown(os.path.join(dirpath, f), uid, uid)
+
+
+def _reachable(scratch: Path) -> None:
+    """As root without bubblewrap the sandboxed processes are other users: every folder
+    above the scratch folder must let others through (``o+x``), or grading is refused."""
+    for parent in reversed(scratch.parents):
+        if not os.stat(parent).st_mode & 0o001:
+            raise SandboxRefused(f"refusing to grade as root without bubblewrap: {parent} does not let other users "
+                                 "through (chmod o+x), and the sandboxed processes run as other users; grade into "
+                                 "a folder they can reach")
+
+
+def _config_pipe(config: dict) -> int:
+    """The read end of a pipe that holds ``config`` as JSON (inheritable): how the grader
+    hands a lab process its configuration, with no file that lab code could replace."""
+    data = json.dumps(config).encode()
+    r, w = os.pipe()
+    try:
+        if len(data) > 65536:
+            raise ValueError("a lab process's configuration over 64 KiB")
+        os.write(w, data)
+    except BaseException:
+        os.close(r)
+        raise
+    finally:
+        os.close(w)
+    os.set_inheritable(r, True)
+    return r
+
+
+def _open_log(scratch: Path, name: str, reading: bool = False):
+    """A lab's log in ``slogs/``, a folder only the grader may write in; opened without
+    following a link (and, reading, only a plain file), so that nothing the lab code did
+    turns the grader's write (or read) into another file's."""
+    d = os.open(scratch / "slogs", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        flags = os.O_RDONLY if reading else os.O_WRONLY | os.O_APPEND | os.O_CREAT
+        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644, dir_fd=d)
+    finally:
+        os.close(d)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or (os.geteuid() == 0 and st.st_uid != 0):
+        os.close(fd)
+        raise OSError(f"slogs/{name} is not the grader's own file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb" if reading else "ab")
 
 
 def _tree_cpu(pid: int) -> float:
@@ -387,15 +447,19 @@ class _LabProcesses:
     other end goes to the test process), reports its CPU time, ends it."""
 
     def __init__(self, scratch: Path, inside: Path, limits: Limits, mode: str, slot: int, env: dict,
-                 labs: dict[str, list[str]], cpus=None, zygote: bool = False, kit: Path | None = None):
+                 labs: dict[str, list[str]], cpus=None, zygote: bool = False, kit: Path | None = None,
+                 rt: runtime.Runtime | None = None):
         self.scratch, self.inside, self.limits, self.mode, self.env = scratch, inside, limits, mode, env
+        self.rt = rt or sandbox_runtime(mode)
         self.kit = kit or scratch / "kit"
         self.cpus = cpus
         self.labs = labs  # lab → the lab folders of its tree (earlier labs and itself)
         # As root, each lab's process is its own user, owner of its own tree alone: lab 03's
         # code cannot read the reference bytecode of lab 03 that lab 04's tree holds. With
         # the zygote, the kernel's Landlock fence does that, and the labs share one user.
-        self.drop = os.geteuid() == 0 and (mode == "bwrap" or can_drop_to())
+        # As root, always (sandbox_runtime refused otherwise): no lab code runs as root.
+        self.drop = os.geteuid() == 0
+        self.user_net = not self.drop and mode != "bwrap" and runtime.user_network_namespace()
         self.uids = {lab: LAB_UID + 64 * slot + (0 if zygote else i) for i, lab in enumerate(labs)}
         self.use_zygote = zygote
         self.zygote = None  # (process, control socket), started by start_zygote
@@ -411,7 +475,7 @@ class _LabProcesses:
         self.private_tmp = mode == "bwrap" or private_tmp_works()
         # Without bubblewrap, what a lab process needs of a scratch folder under the host's
         # /tmp (which its own /tmp hides) is bound back read-only.
-        self.keep = tuple(p for p in python_roots() if p.startswith("/tmp/"))
+        self.keep = tuple(p for p in self.rt.roots if p.startswith("/tmp/"))
         if self.private_tmp and mode != "bwrap":
             self.inside = Path(LAB_ROOT)  # the lab process's view of the scratch folder: see _lab_binds
         self.homes = 0
@@ -461,7 +525,7 @@ class _LabProcesses:
                 str(inside / "kit" / "_grader_labserver.py"),
                 "--perms", "1777", "--size", str(tmpfs_bytes(self.limits.disk_mb)), "--tmpfs", "/tmp",
                 # a Python installation under the host's /tmp, read-only again over the new /tmp
-                *(_bwrap_binds(under_tmp) if (under_tmp := [r for r in python_roots() if r.startswith("/tmp/")])
+                *(_bwrap_binds(under_tmp) if (under_tmp := [r for r in self.rt.roots if r.startswith("/tmp/")])
                   else [])]
 
     def _new_home(self, lab: str) -> str:
@@ -502,7 +566,7 @@ class _LabProcesses:
         def child():
             if own_tmp:
                 _private_tmp(self.limits.disk_mb, binds, self.keep)
-            _limit_self(self.limits, self.mode == "bwrap" and os.geteuid() == 0, uid, self.cpus)
+            _limit_self(self.limits, self.mode == "bwrap" and os.geteuid() == 0, uid, self.cpus, self.user_net)
 
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 pass_fds=pass_fds, cwd=home or str(self.scratch / "lcfg"),
@@ -515,20 +579,20 @@ class _LabProcesses:
         inside, scratch = self.inside, self.scratch
         first = next(iter(self.labs))
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        base = scratch / "lcfg" / "zygote.json"
-        base.write_text(json.dumps({"sys_path": [str(inside / "lib"), *site_packages()]}))
-        cmd = [sys.executable, "-I", "-S", "-B", str(inside / "kit" / "_grader_labserver.py"), "--zygote",
-               str(theirs.fileno()), str(inside / "lcfg" / base.name)]
+        base = _config_pipe({"sys_path": [str(inside / "lib"), *self.rt.site]})
+        cmd = [self.rt.executable, "-I", "-S", "-B", str(inside / "kit" / "_grader_labserver.py"), "--zygote",
+               str(theirs.fileno()), str(base)]
         if self.mode == "bwrap":
-            mounts = [*self._common_mounts(), "--ro-bind", str(base), str(inside / "lcfg" / base.name)]
+            mounts = self._common_mounts()
             for lab in self.labs:
                 mounts += ["--ro-bind", str(scratch / "impl" / lab), str(inside / "impl" / lab)]
-            cmd = _bwrap(python_roots(), mounts, "/tmp", self.uids[first] if self.drop else None) + cmd
-        with open(scratch / "slogs" / ".zygote.txt", "ab") as log:
+            cmd = _bwrap(self.rt.roots, mounts, "/tmp", self.uids[first] if self.drop else None) + cmd
+        with _open_log(scratch, ".zygote.txt") as log:
             try:
-                proc = self._popen(cmd, first, log, (theirs.fileno(),), labs=list(self.labs))
+                proc = self._popen(cmd, first, log, (theirs.fileno(), base), labs=list(self.labs))
             finally:
                 theirs.close()
+                os.close(base)
         ours.settimeout(120)
         self.zygote = (proc, ours)
 
@@ -560,10 +624,10 @@ class _LabProcesses:
         gptkit = inside / ("lib" if self.mode == "bwrap" else "kit") / "gptkit"
         where = self._inside_home(home)
         return {"sys_path": [*(str(inside / "impl" / lab / d) for d in self.labs[lab]), str(inside / "lib"),
-                             *site_packages()],
+                             *self.rt.site],
                 "impl": str(inside / "impl" / lab), "student_path": str(inside / "impl" / lab),
                 "home": where, "empty_home": not home,
-                "read_roots": [*python_roots(), str(inside / "impl" / lab), str(gptkit),
+                "read_roots": [*self.rt.roots, str(inside / "impl" / lab), str(gptkit),
                                str(inside / "kit" / "_grader_labserver.py"), where,
                                "/usr/lib", "/usr/share/zoneinfo", "/etc/localtime",
                                "/dev/null", "/dev/urandom"],
@@ -580,7 +644,7 @@ class _LabProcesses:
         if self.zygote is not None:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                with open(self.scratch / "slogs" / f"{lab}.txt", "ab") as log:
+                with _open_log(self.scratch, f"{lab}.txt") as log:
                     pid = self._ask_zygote({"op": "spawn", "config": self._config(lab, home)},
                                            (theirs.fileno(), log.fileno()))["pid"]
             except BaseException:
@@ -594,22 +658,20 @@ class _LabProcesses:
             return {"sid": sid}, [ours]
         inside, scratch = self.inside, self.scratch
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        with self.lock:
-            n = self.next_sid
-        cfg = scratch / "lcfg" / f"{lab}-{n}.json"
-        cfg.write_text(json.dumps(self._config(lab, home)))
-        cmd = [sys.executable, "-I", "-S", "-B", str(inside / "kit" / "_grader_labserver.py"),
-               str(theirs.fileno()), str(inside / "lcfg" / cfg.name)]
+        config = self._config(lab, home)
+        cfg = _config_pipe(config)  # never a file: lab code could swap a file for a link
+        cmd = [self.rt.executable, "-I", "-S", "-B", str(inside / "kit" / "_grader_labserver.py"),
+               str(theirs.fileno()), str(cfg)]
         if self.mode == "bwrap":
-            mounts = [*self._common_mounts(), "--ro-bind", str(scratch / "impl" / lab), str(inside / "impl" / lab),
-                      "--ro-bind", str(cfg), str(inside / "lcfg" / cfg.name)]
-            cmd = _bwrap(python_roots(), mounts, "/tmp", self.uids[lab] if self.drop else None) + cmd
-        log = open(scratch / "slogs" / f"{lab}.txt", "ab")
+            mounts = [*self._common_mounts(), "--ro-bind", str(scratch / "impl" / lab), str(inside / "impl" / lab)]
+            cmd = _bwrap(self.rt.roots, mounts, "/tmp", self.uids[lab] if self.drop else None) + cmd
+        log = _open_log(scratch, f"{lab}.txt")
         try:
-            proc = self._popen(cmd, lab, log, (theirs.fileno(),), home, labs=[lab])
+            proc = self._popen(cmd, lab, log, (theirs.fileno(), cfg), home, labs=[lab])
         finally:
             log.close()
             theirs.close()
+            os.close(cfg)
         with self.lock:
             sid, self.next_sid = self.next_sid, self.next_sid + 1
             self.procs[sid] = _LabProcess(proc, lab, home=home)
@@ -750,13 +812,16 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
     os.set_inheritable(w_fd, True)
     ctl_ours, ctl_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     ctl_theirs.set_inheritable(True)
-    roots = python_roots()
+    rt = sandbox_runtime(mode)  # as root without bubblewrap: SandboxRefused rather than run as root
+    if mode != "bwrap" and os.geteuid() == 0:
+        _reachable(scratch)
+    roots = list(rt.roots)
     for sub in ("logs", "slogs", "lcfg", "lib"):
         (scratch / sub).mkdir(exist_ok=True)
     if mode != "bwrap":  # the lab process's import path holds gptkit and nothing else of the kit
         (scratch / "lib" / "gptkit").symlink_to(Path("..") / "kit" / "gptkit")
     plan = {
-        "sys_path": [str(inside / "kit"), *site_packages()],
+        "sys_path": [str(inside / "kit"), *rt.site],
         "results_fd": w_fd,
         "ctl_fd": ctl_theirs.fileno(),
         "test_cpu_seconds": limits.test_seconds,
@@ -779,12 +844,13 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
            # Only the plugins the kit names: autoloading every installed one (anyio's comes
            # with the torch extra) cost more than a lab's tests.
            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-           "HYPOTHESIS_STORAGE_DIRECTORY": str(inside / HYPOTHESIS_DIR)}
-    lab_env = {k: env[k] for k in ("PATH", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-                                   "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "LANG")}  # + HOME, TMPDIR: its own
+           "HYPOTHESIS_STORAGE_DIRECTORY": str(inside / HYPOTHESIS_DIR), **rt.env}
+    lab_env = {**{k: env[k] for k in ("PATH", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                                      "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "LANG")},
+               **rt.env}  # + HOME, TMPDIR: its own
     root = os.geteuid() == 0
     (scratch / "tmp").chmod(0o1777)  # the test process's (pytest's basetemp, Hypothesis): never a lab process's
-    (scratch / "slogs").chmod(0o700)  # what lab processes print: the grader opens the files for them
+    (scratch / "slogs").chmod(0o755)  # the grader's alone: lab output comes to it as an open file
     if root:
         # The lab process runs as another user: the tests, fixtures and hidden tests are
         # the test process's alone (bubblewrap does not even mount them for the lab process).
@@ -793,18 +859,18 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
             (kit / "tests").chmod(0o700)
         _chown_tree(scratch / "work", TEST_UID + slot)
         _chown_tree(scratch / "logs", TEST_UID + slot)
-    cmd = [sys.executable, "-I", "-S", "-B", str(inside / "kit" / "_grader_boot.py"), str(inside / "plan.json")]
+    cmd = [rt.executable, "-I", "-S", "-B", str(inside / "kit" / "_grader_boot.py"), str(inside / "plan.json")]
     drop_uid = None
     if mode == "bwrap":
         mounts = ["--bind", str(scratch), SANDBOX_ROOT, "--ro-bind", str(kit), str(inside / "kit"),
                   "--tmpfs", str(inside / "impl")]
         cmd = _bwrap(roots, mounts, str(inside / "work"), TEST_UID + slot if root else None) + cmd
-    elif root and can_drop_to():
+    elif root:  # sandbox_runtime refused already if it could not
         drop_uid = TEST_UID + slot
     labs = {j["lab"]: sorted(p.name for p in (scratch / "impl" / j["lab"]).iterdir() if p.is_dir())
             for j in jobs}
     children = _LabProcesses(scratch, inside, limits, mode, slot, lab_env, labs, cpus,
-                             zygote=USE_ZYGOTE and kernel_walls(), kit=kit)
+                             zygote=USE_ZYGOTE and kernel_walls(), kit=kit, rt=rt)
     if children.drop:
         for lab, uid in children.uids.items():
             _chown_tree(scratch / "impl" / lab, uid)
@@ -822,7 +888,8 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             pass_fds=(w_fd, ctl_theirs.fileno()), cwd=str(scratch / "work"), env=env,
                             start_new_session=True,
-                            preexec_fn=lambda: _limit_self(limits, mode == "bwrap" and root, drop_uid, cpus))
+                            preexec_fn=lambda: _limit_self(limits, mode == "bwrap" and root, drop_uid, cpus,
+                                                           children.user_net))
     os.close(w_fd)
     ctl_theirs.close()
     results = os.fdopen(r_fd, "rb")
@@ -863,12 +930,14 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
                  returncode=proc.returncode, seconds=time.monotonic() - start, isolation=mode,
                  observed=children.observed)
     for j in jobs:
-        log = scratch / "slogs" / f"{j['lab']}.txt"
-        if log.is_file():
-            size = log.stat().st_size
-            with open(log, "rb") as fh:
-                raw.lab_output[j["lab"]] = fh.read(limits.max_output_kb * 1024).decode("utf-8", "replace")
-            raw.lab_output_bytes[j["lab"]] = size
+        try:
+            fh = _open_log(scratch, f"{j['lab']}.txt", reading=True)
+        except OSError:
+            continue
+        with fh:
+            size = os.fstat(fh.fileno()).st_size
+            raw.lab_output[j["lab"]] = fh.read(limits.max_output_kb * 1024).decode("utf-8", "replace")
+        raw.lab_output_bytes[j["lab"]] = size
     for line in b"".join(res_chunks).decode("utf-8", "replace").splitlines():
         event = protocol.decode(line, token)  # anything else was not written by the test process
         if event is None:

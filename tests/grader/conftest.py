@@ -2,6 +2,7 @@
 way to make a submission from the example student 'alice' with a few edits."""
 
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,18 +17,35 @@ FAST = Limits(wall_seconds=180, lab_seconds=60, test_seconds=2, memory_mb=1024, 
 
 
 @pytest.fixture(scope="session")
-def grader(tmp_path_factory):
-    g = Grader(tmp_path_factory.mktemp("grading"), LABS, limits=FAST, log=lambda *_: None)
+def reachable_tmp():
+    """A folder for graders' output that other users can pass through (o+x, no listing):
+    as root without bubblewrap the sandboxed processes are other users, and pytest's own
+    temporary folders are 0700 (pytest resets them so at each start)."""
+    base = Path(tempfile.mkdtemp(prefix="grader-tests-"))
+    base.chmod(0o711)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def reachable_dir(base, name):
+    d = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=base))
+    d.chmod(0o711)
+    return d
+
+
+@pytest.fixture(scope="session")
+def grader(tmp_path_factory, reachable_tmp):
+    g = Grader(reachable_dir(reachable_tmp, "grading"), LABS, limits=FAST, log=lambda *_: None)
     (g.out_dir / ".scratch").mkdir(parents=True, exist_ok=True)
     g.prepare()
     return g
 
 
 @pytest.fixture(scope="session")
-def two_lab_grader(tmp_path_factory):
+def two_lab_grader(tmp_path_factory, reachable_tmp):
     """Labs 01–02, in the configuration instructors get: the static review only notes, so
     the process split and the sandbox alone stand between lab code and the score."""
-    g = Grader(tmp_path_factory.mktemp("grading-two"), ["01", "02"], limits=FAST, log=lambda *_: None)
+    g = Grader(reachable_dir(reachable_tmp, "grading-two"), ["01", "02"], limits=FAST, log=lambda *_: None)
     (g.out_dir / ".scratch").mkdir(parents=True, exist_ok=True)
     g.prepare()
     return g

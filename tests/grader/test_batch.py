@@ -139,14 +139,16 @@ def test_same_result_idle_and_under_load(grader, make_submission):
     assert loaded.seconds > 0 and idle.labs["02_embeddings"].points == grader.rubric["02_embeddings"].points
 
 
-def test_a_lab_past_its_time_limit_leaves_the_next_labs_their_points(tmp_path, make_submission):
+def test_a_lab_past_its_time_limit_leaves_the_next_labs_their_points(reachable_tmp, make_submission):
     """One test process runs the labs in turn, each with its own wall-clock limit. Lab 01
     waits 4 s in every causal_mask call, so it runs past its 20 s: it gets nothing, and a
     new test process grades labs 02 and 03, which keep every point."""
     from grader.grade import Grader
     from grader.sandbox.runner import Limits
 
-    g = Grader(tmp_path / "out", ["01", "02", "03"], log=lambda *_: None,
+    from .conftest import reachable_dir
+
+    g = Grader(reachable_dir(reachable_tmp, "out"), ["01", "02", "03"], log=lambda *_: None,
                limits=Limits(wall_seconds=300, lab_seconds=20, test_seconds=2, memory_mb=1024,
                              test_wall_backstop=60))
     (g.out_dir / ".scratch").mkdir(parents=True)

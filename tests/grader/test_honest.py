@@ -11,6 +11,8 @@ import pytest
 
 from grader.grade import Grader
 
+from .conftest import reachable_dir
+
 HONEST = Path(__file__).with_name("honest")
 STYLES = sorted(p.name for p in HONEST.iterdir() if (p / "labs").is_dir()) if HONEST.is_dir() else []
 
@@ -49,9 +51,9 @@ def test_the_corpus_holds_every_lab_in_several_styles_and_the_everyday_idioms():
 
 
 @pytest.fixture(scope="module")
-def default_grader(tmp_path_factory):
+def default_grader(reachable_tmp):
     """Every lab, the limits and options an instructor gets from `grader grade`."""
-    g = Grader(tmp_path_factory.mktemp("honest"), None, log=lambda *_: None)
+    g = Grader(reachable_dir(reachable_tmp, "honest"), None, log=lambda *_: None)
     (g.out_dir / ".scratch").mkdir(parents=True, exist_ok=True)
     g.prepare()
     return g

@@ -13,6 +13,8 @@ from gptkit.testing.layout import KIT_ROOT
 from grader.gradescope import build_bundle
 from grader.release import ReleaseError, find_leaks, release, solution_lines
 
+from .conftest import reachable_dir
+
 
 @pytest.fixture(scope="module")
 def student_copy(tmp_path_factory):
@@ -106,7 +108,7 @@ def test_grader_check_runs_in_the_student_copy(student_copy, tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not on PATH")
-def test_grader_check_computes_what_grade_computes_on_the_public_tests(student_copy, tmp_path):
+def test_grader_check_computes_what_grade_computes_on_the_public_tests(student_copy, tmp_path, reachable_tmp):
     """An honest student with a helper module, a data file and a bug: `grader check` in
     their copy and the instructor's `grader grade` of the same folder give every public
     test the same outcome (the same files, the same earlier labs: the student's own)."""
@@ -134,7 +136,7 @@ def test_grader_check_computes_what_grade_computes_on_the_public_tests(student_c
                           env=env)
     assert proc.returncode == 1, (proc.stdout + proc.stderr)[-3000:]
     checked = json.loads((tmp_path / "check.json").read_text())
-    g = Grader(tmp_path / "grading", ["01", "02", "03"], log=lambda *_: None)
+    g = Grader(reachable_dir(reachable_tmp, "check-vs-grade"), ["01", "02", "03"], log=lambda *_: None)
     (g.out_dir / ".scratch").mkdir(parents=True, exist_ok=True)
     g.prepare()
     graded = g.grade("student", copy)
@@ -149,10 +151,12 @@ def test_grader_check_computes_what_grade_computes_on_the_public_tests(student_c
 
 
 @pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not on PATH")
-def test_gradescope_bundle_grades_a_submission(tmp_path):
+def test_gradescope_bundle_grades_a_submission(tmp_path, reachable_tmp):
+    """Run as Gradescope runs it; as root (with GRADER_NO_BWRAP=1: a container where
+    bubblewrap cannot work), the walls of root without bubblewrap."""
     bundle = tmp_path / "autograder.zip"
     build_bundle(bundle)
-    root = tmp_path / "autograder"
+    root = reachable_tmp / "autograder"  # Gradescope's /autograder: other users may pass through
     with zipfile.ZipFile(bundle) as zf:
         names = zf.namelist()
         assert "setup.sh" in names and "run_autograder" in names and "solutions/01_causal_mask/causal_mask.py" in names
