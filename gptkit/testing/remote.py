@@ -192,7 +192,7 @@ class Remote:
             raise LabProcessDied(f"the lab code's process ended {MAX_RESTARTS} times; it is not started again")
         if self.sid is not None:
             self._stop()
-        reply, fds = self._host({"op": "spawn", "lab": self.lab}, fds=1)
+        reply, fds = self._host({"op": "spawn", "lab": self.lab, "phase": self.phase}, fds=1)
         self.sock = socket.socket(fileno=fds[0])
         self.sock.settimeout(self.wall)
         self.reader = wire.Reader(self.sock)
@@ -217,9 +217,12 @@ class Remote:
         except (OSError, ValueError, LabProcessDied):
             pass
 
+    phase = "public"  # which of the lab's hand-off folders its process sees (``runner.handoff``)
+
     def fresh(self) -> None:
         """A new lab process from here on (the lab's hidden tests): the one so far ends with
         its scratch folder and objects, and no restart is counted against the lab."""
+        self.phase = "hidden"
         self._stop()
         self.warm()
 

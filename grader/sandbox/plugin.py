@@ -12,8 +12,10 @@ message. What the plugin reports about time comes from its own measures (the ker
 CPU count of the lab process, its own clock), never from a message's text.
 """
 
+import os
 import signal
 import time
+from pathlib import Path
 
 import _grader_protocol as protocol
 import pytest
@@ -39,11 +41,44 @@ def current_lab():
     return _state["lab"]
 
 
+def _handoff(config, lab, phase):
+    """pytest's ``tmp_path`` from here on: the lab's hand-off folder for this phase, which
+    its lab process sees at the same path (a checkpoint a test writes for lab code to load,
+    one lab code writes for the test to read), and no other lab process sees."""
+    root = os.environ.get("GRADER_HANDOFF")
+    factory = getattr(config, "_tmp_path_factory", None)
+    if root and factory is not None and lab:
+        factory._basetemp = Path(root) / lab / phase
+
+
+def _passable_tmp_paths():
+    """pytest makes each ``tmp_path`` mode 0700; the lab process is another user, and must
+    read what the test put there and write what the test reads back."""
+    from _pytest.tmpdir import TempPathFactory
+
+    made = TempPathFactory.mktemp
+    if getattr(made, "_grader", False):
+        return
+
+    def mktemp(self, basename, numbered=True):
+        path = made(self, basename, numbered)
+        if os.environ.get("GRADER_HANDOFF"):
+            path.chmod(0o777)
+        return path
+
+    mktemp._grader = True
+    TempPathFactory.mktemp = mktemp
+
+
+_passable_tmp_paths()
+
+
 def _switch(lab):
     if lab == _state["lab"]:
         return
     _finish()
     _state.update(lab=lab, timeouts=0, failed=False, hidden=False)
+    _handoff(_state.get("config"), lab, "public")
     _state["note"]("start", lab)
     _state["emit"](protocol.LabStart(lab))
     _state["enter"](lab)
@@ -75,6 +110,7 @@ _reports = {}
 
 def pytest_collection_modifyitems(session, config, items):
     """Lab after lab, in the order given; in each lab its public tests, then its hidden ones."""
+    _state["config"] = config
     order = {lab: i for i, lab in enumerate(_state["labs"])}
     items.sort(key=lambda item: (order.get(lab_of(item.nodeid), len(order)), item.nodeid.startswith(HIDDEN)))
 
@@ -83,6 +119,7 @@ def _enter_hidden(lab):
     """The lab's first hidden test: its lab process so far (and its scratch folder) ends;
     the hidden tests get a fresh one, which no public test reaches afterwards."""
     _state["hidden"] = True
+    _handoff(_state.get("config"), lab, "hidden")
     r = remote.active()
     if r is not None:
         r.fresh()

@@ -151,6 +151,22 @@ _CLONE_NEWNS, _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC,
 TMPFS_INODES = 4096  # files and folders one lab process's /tmp may hold
 
 
+HANDOFF_PHASES = ("public", "hidden")
+
+
+def _parents(path: str, below: Path) -> list[str]:
+    """bubblewrap arguments making the folders between ``below`` and ``path`` (which it
+    would otherwise make mode 0700) passable."""
+    out, cur = [], Path(path).parent
+    chain = []
+    while cur != below and below in cur.parents:
+        chain.append(cur)
+        cur = cur.parent
+    for d in reversed(chain):
+        out += ["--perms", "0755", "--dir", str(d)]
+    return out
+
+
 def tmpfs_bytes(disk_mb: int) -> int:
     """The size of a lab process's /tmp: its quota and one MB more, so that the host sees
     a process that filled it pass the quota (and stops it) before the kernel says no."""
@@ -165,7 +181,7 @@ def _libc():
     return ctypes.CDLL(None, use_errno=True)
 
 
-def _private_tmp(disk_mb: int, binds: tuple = (), keep: tuple[str, ...] = ()) -> None:
+def _private_tmp(disk_mb: int, binds: tuple = (), keep: tuple[str, ...] = (), rw: tuple = ()) -> None:
     """Runs in a lab process's child set-up as root without bubblewrap, before any uid
     drop: a mount namespace of its own (nothing propagates back) whose /tmp is a tmpfs of
     ``tmpfs_bytes(disk_mb)``, its working folder. What it writes there no other process
@@ -173,7 +189,8 @@ def _private_tmp(disk_mb: int, binds: tuple = (), keep: tuple[str, ...] = ()) ->
     (host path, path under ``LAB_ROOT``) pairs, the parts of the scratch folder it may
     see, bound read-only on a tmpfs over ``LAB_ROOT``'s parent (so that none lies under
     /tmp, which the lab process may write); ``keep``: paths under the host's /tmp it needs
-    (a Python installation there), bound back read-only at the same place."""
+    (a Python installation there), bound back read-only at the same place; ``rw``: (host
+    path, path) pairs bound read-write (its hand-off folder, at the test process's path)."""
     import ctypes
 
     libc = _libc()
@@ -185,19 +202,22 @@ def _private_tmp(disk_mb: int, binds: tuple = (), keep: tuple[str, ...] = ()) ->
 
     check(libc.unshare(_CLONE_NEWNS))
     check(libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None))
-    held = [(os.open(src, os.O_PATH), os.path.isdir(src), str(dst)) for src, dst in [*binds, *((p, p) for p in keep)]]
+    held = [(os.open(src, os.O_PATH), os.path.isdir(src), str(dst), False)
+            for src, dst in [*binds, *((p, p) for p in keep)]]
+    held += [(os.open(src, os.O_PATH), True, str(dst), True) for src, dst in rw]
     opts = f"size={tmpfs_bytes(disk_mb)},nr_inodes={TMPFS_INODES},mode=1777".encode()
     check(libc.mount(b"tmpfs", b"/tmp", b"tmpfs", _MS_NOSUID | _MS_NODEV, opts))
     if binds:
         check(libc.mount(b"tmpfs", os.path.dirname(LAB_ROOT).encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
                          b"size=1m,mode=0755"))
-    for fd, is_dir, path in held:
+    for fd, is_dir, path, writable in held:
         os.makedirs(path if is_dir else os.path.dirname(path), exist_ok=True)
         if not is_dir:
             open(path, "a").close()
         target = path.encode()
         check(libc.mount(f"/proc/self/fd/{fd}".encode(), target, None, _MS_BIND | _MS_REC, None))
-        check(libc.mount(None, target, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV, None))
+        if not writable:
+            check(libc.mount(None, target, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV, None))
         os.close(fd)
     os.chdir("/tmp")
 
@@ -389,6 +409,7 @@ class _LabProcess:
     cpu: float = 0.0  # once ended: its CPU time (rusage)
     status: dict = field(default_factory=dict)
     home: str = ""  # its scratch folder as the host sees it ("": its own /tmp, a tmpfs)
+    handoff: str = ""  # its hand-off folder as the host sees it (see ``_LabProcesses.handoff``)
 
 
 def _tree_leaf(pid: int) -> int:
@@ -450,6 +471,7 @@ class _LabProcesses:
                  labs: dict[str, list[str]], cpus=None, zygote: bool = False, kit: Path | None = None,
                  rt: runtime.Runtime | None = None):
         self.scratch, self.inside, self.limits, self.mode, self.env = scratch, inside, limits, mode, env
+        self.outside = inside  # the scratch folder as the test process sees it (``handoff``)
         self.rt = rt or sandbox_runtime(mode)
         self.kit = kit or scratch / "kit"
         self.cpus = cpus
@@ -494,7 +516,7 @@ class _LabProcesses:
                 req = json.loads(data)
                 op = req.get("op")
                 if op == "spawn":
-                    reply, fds = self.spawn(str(req.get("lab", "")))
+                    reply, fds = self.spawn(str(req.get("lab", "")), str(req.get("phase", "public")))
                 elif op == "cpu":
                     reply = {"cpu": self.cpu(int(req["sid"]))}
                 elif op == "kill":
@@ -552,7 +574,7 @@ class _LabProcesses:
     def _inside_home(self, home: str) -> str:
         return "/tmp" if not home else home.replace(str(self.scratch), str(self.inside), 1)
 
-    def _popen(self, cmd: list[str], uid_of: str, log, pass_fds, home: str = "", labs=()) -> subprocess.Popen:
+    def _popen(self, cmd: list[str], uid_of: str, log, pass_fds, home: str = "", labs=(), rw=()) -> subprocess.Popen:
         """Start ``cmd`` in its sandbox (bubblewrap's mounts already in ``cmd``), as the
         user of lab ``uid_of`` where the grader runs as root, in its scratch folder ``home``
         (its own /tmp if ""), seeing ``labs``' trees."""
@@ -565,7 +587,7 @@ class _LabProcesses:
 
         def child():
             if own_tmp:
-                _private_tmp(self.limits.disk_mb, binds, self.keep)
+                _private_tmp(self.limits.disk_mb, binds, self.keep, rw)
             _limit_self(self.limits, self.mode == "bwrap" and os.geteuid() == 0, uid, self.cpus, self.user_net)
 
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -583,13 +605,14 @@ class _LabProcesses:
         cmd = [self.rt.executable, "-I", "-S", "-B", str(inside / "kit" / "_grader_labserver.py"), "--zygote",
                str(theirs.fileno()), str(base)]
         if self.mode == "bwrap":
-            mounts = self._common_mounts()
+            mounts = [*self._common_mounts(), "--bind", str(scratch / "handoff"), str(self.outside / "handoff")]
             for lab in self.labs:
                 mounts += ["--ro-bind", str(scratch / "impl" / lab), str(inside / "impl" / lab)]
             cmd = _bwrap(self.rt.roots, mounts, "/tmp", self.uids[first] if self.drop else None) + cmd
         with _open_log(scratch, ".zygote.txt") as log:
             try:
-                proc = self._popen(cmd, first, log, (theirs.fileno(), base), labs=list(self.labs))
+                proc = self._popen(cmd, first, log, (theirs.fileno(), base), labs=list(self.labs),
+                                   rw=((str(scratch / "handoff"), str(self.outside / "handoff")),))
             finally:
                 theirs.close()
                 os.close(base)
@@ -615,7 +638,16 @@ class _LabProcesses:
             raise OSError(reply["error"])
         return reply
 
-    def _config(self, lab: str, home: str) -> dict:
+    def handoff(self, lab: str, phase: str) -> tuple[Path, str]:
+        """The folder that pytest's ``tmp_path`` lives in while ``lab``'s ``phase`` (its public
+        tests, then its hidden ones) runs (the test process's plugin points it there): as the
+        host sees it, and the path at which both the test process and that lab's process see
+        it. No other lab process sees it, and the hidden phase has its own."""
+        if phase not in HANDOFF_PHASES:
+            raise ValueError(f"no phase {phase!r}")
+        return self.scratch / "handoff" / lab / phase, str(self.outside / "handoff" / lab / phase)
+
+    def _config(self, lab: str, home: str, phase: str = "public") -> dict:
         """What a lab process may import, read and write: its lab's tree, ``gptkit`` (on
         the import path through ``lib/``, which holds nothing else: the kit's tests and
         hidden tests cannot even be listed), the Python installation, and its own scratch
@@ -628,14 +660,15 @@ class _LabProcesses:
                 "impl": str(inside / "impl" / lab), "student_path": str(inside / "impl" / lab),
                 "home": where, "empty_home": not home,
                 "read_roots": [*self.rt.roots, str(inside / "impl" / lab), str(gptkit),
-                               str(inside / "kit" / "_grader_labserver.py"), where,
+                               str(inside / "kit" / "_grader_labserver.py"), where, self.handoff(lab, phase)[1],
                                "/usr/lib", "/usr/share/zoneinfo", "/etc/localtime",
                                "/dev/null", "/dev/urandom"],
-                "write_roots": [where, "/dev/null"]}
+                "write_roots": [where, self.handoff(lab, phase)[1], "/dev/null"]}
 
-    def spawn(self, lab: str):
+    def spawn(self, lab: str, phase: str = "public"):
         if lab not in self.labs:
             return {"error": f"no lab {lab!r} in this run"}, []
+        host_handoff, seen_handoff = self.handoff(lab, phase)
         # One lab runs at a time: a process still alive belongs to a lab whose tests are over
         # (its test process was stopped past the lab's time limit), and must not keep a core.
         for sid in [sid for sid, p in self.procs.items() if not p.status]:
@@ -645,7 +678,7 @@ class _LabProcesses:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 with _open_log(self.scratch, f"{lab}.txt") as log:
-                    pid = self._ask_zygote({"op": "spawn", "config": self._config(lab, home)},
+                    pid = self._ask_zygote({"op": "spawn", "config": self._config(lab, home, phase)},
                                            (theirs.fileno(), log.fileno()))["pid"]
             except BaseException:
                 ours.close()
@@ -654,27 +687,29 @@ class _LabProcesses:
                 theirs.close()
             with self.lock:
                 sid, self.next_sid = self.next_sid, self.next_sid + 1
-                self.procs[sid] = _LabProcess(None, lab, int(pid), home=home)
+                self.procs[sid] = _LabProcess(None, lab, int(pid), home=home, handoff=str(host_handoff))
             return {"sid": sid}, [ours]
         inside, scratch = self.inside, self.scratch
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        config = self._config(lab, home)
+        config = self._config(lab, home, phase)
         cfg = _config_pipe(config)  # never a file: lab code could swap a file for a link
         cmd = [self.rt.executable, "-I", "-S", "-B", str(inside / "kit" / "_grader_labserver.py"),
                str(theirs.fileno()), str(cfg)]
         if self.mode == "bwrap":
-            mounts = [*self._common_mounts(), "--ro-bind", str(scratch / "impl" / lab), str(inside / "impl" / lab)]
+            mounts = [*self._common_mounts(), "--ro-bind", str(scratch / "impl" / lab), str(inside / "impl" / lab),
+                      *_parents(seen_handoff, inside), "--bind", str(host_handoff), seen_handoff]
             cmd = _bwrap(self.rt.roots, mounts, "/tmp", self.uids[lab] if self.drop else None) + cmd
         log = _open_log(scratch, f"{lab}.txt")
         try:
-            proc = self._popen(cmd, lab, log, (theirs.fileno(), cfg), home, labs=[lab])
+            proc = self._popen(cmd, lab, log, (theirs.fileno(), cfg), home, labs=[lab],
+                               rw=((str(host_handoff), seen_handoff),))
         finally:
             log.close()
             theirs.close()
             os.close(cfg)
         with self.lock:
             sid, self.next_sid = self.next_sid, self.next_sid + 1
-            self.procs[sid] = _LabProcess(proc, lab, home=home)
+            self.procs[sid] = _LabProcess(proc, lab, home=home, handoff=str(host_handoff))
         return {"sid": sid}, [ours]
 
     def cpu(self, sid: int) -> float:
@@ -717,8 +752,9 @@ class _LabProcesses:
         """Bytes a live lab process keeps in its scratch folder, as the host measures them
         (None if it cannot): its own /tmp is seen through ``/proc/<pid>/root``, and only
         a tmpfs of the quota's size counts (not a /tmp it does not have yet)."""
+        extra = _folder_bytes(p.handoff) if p.handoff else 0
         if p.home:
-            return _folder_bytes(p.home)
+            return _folder_bytes(p.home) + extra
         holder = self._holder(p)
         if not holder:
             return None
@@ -728,7 +764,7 @@ class _LabProcesses:
             return None
         if st.f_blocks * st.f_frsize != tmpfs_bytes(self.limits.disk_mb):
             return None
-        return (st.f_blocks - st.f_bfree) * st.f_frsize
+        return (st.f_blocks - st.f_bfree) * st.f_frsize + extra
 
     def watch_disk(self, stop: threading.Event, every: float = 0.1) -> None:
         """The disk quota: a lab process that keeps more than ``Limits.disk_mb`` in its
@@ -818,6 +854,15 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
     roots = list(rt.roots)
     for sub in ("logs", "slogs", "lcfg", "lib"):
         (scratch / sub).mkdir(exist_ok=True)
+    for j in jobs:  # pytest's tmp_path for each lab and phase, shared with that lab's process alone
+        for phase in HANDOFF_PHASES:
+            d = scratch / "handoff" / j["lab"] / phase
+            d.mkdir(parents=True, exist_ok=True)
+            if os.geteuid() == 0:
+                os.chown(d, TEST_UID + slot, TEST_UID + slot)  # pytest makes its folders there as the owner
+            d.chmod(0o777)
+    for d in (scratch / "handoff", *(p for p in (scratch / "handoff").iterdir())):
+        d.chmod(0o755)
     if mode != "bwrap":  # the lab process's import path holds gptkit and nothing else of the kit
         (scratch / "lib" / "gptkit").symlink_to(Path("..") / "kit" / "gptkit")
     plan = {
@@ -844,7 +889,8 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
            # Only the plugins the kit names: autoloading every installed one (anyio's comes
            # with the torch extra) cost more than a lab's tests.
            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-           "HYPOTHESIS_STORAGE_DIRECTORY": str(inside / HYPOTHESIS_DIR), **rt.env}
+           "HYPOTHESIS_STORAGE_DIRECTORY": str(inside / HYPOTHESIS_DIR), "GRADER_HANDOFF": str(inside / "handoff"),
+           **rt.env}
     lab_env = {**{k: env[k] for k in ("PATH", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
                                       "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "LANG")},
                **rt.env}  # + HOME, TMPDIR: its own
