@@ -183,3 +183,52 @@ def test_released_copy_runs_lab_04_notebook_on_the_students_own_code(tmp_path):
     assert images and not_blank(images[0]), text_of(maps[0])[:500]
     assert "previous-token head" in text_of(maps[0])
     assert all(MARK not in text_of(c) for c in code), [text_of(c) for c in code if MARK in text_of(c)]
+
+
+def test_jupyter_lab_serves_the_lab_notebooks(tmp_path):
+    """README's `uv run --extra notebooks jupyter lab`, from the kit's root: the server
+    starts, lists each lab's notebook and offers the Python kernel that runs them."""
+    pytest.importorskip("jupyterlab", reason=NEEDS_EXTRA)
+    import secrets
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = secrets.token_hex(16)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
+         f"--IdentityProvider.token={token}", "--ServerApp.port_retries=0",
+         *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])],  # CI runs as root
+        cwd=KIT_ROOT, stdout=subprocess.DEVNULL, stderr=(tmp_path / "server.log").open("w"),
+        env={**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")})
+
+    def get(path: str):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}?token={token}", timeout=10) as r:
+            return json.loads(r.read())
+
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                listing = get("/api/contents/labs/04_gpt_model")
+                break
+            except OSError:
+                assert server.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
+                assert time.monotonic() < deadline, "jupyter lab did not answer in 120 s"
+                time.sleep(1)
+        assert "explore.ipynb" in {item["name"] for item in listing["content"]}
+        notebook = get("/api/contents/labs/01_causal_mask/explore.ipynb")
+        assert notebook["type"] == "notebook" and notebook["content"]["cells"]
+        assert "python3" in get("/api/kernelspecs")["kernelspecs"]
+        page = urllib.request.urlopen(f"http://127.0.0.1:{port}/lab?token={token}", timeout=10).read().decode()
+        assert "JupyterLab" in page
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
