@@ -15,7 +15,9 @@ would have made says so in one line too. An error raised inside your code prints
 message and your line, also in one line; any other error is the notebook's and keeps its
 traceback.
 
-Besides: ``TrainedModel``, the small GPT the kit trained on its Shakespeare
+``use`` also reloads edited lab files before each cell (IPython's autoreload) and runs
+NumPy's matrix products on one thread (the notebooks' models are small). Besides:
+``TrainedModel``, the small GPT the kit trained on its Shakespeare
 (``gptkit/data/shakespeare_bpe``, made by ``python -m gptkit.shakespeare_model``), read with
 NumPy alone; and a few plotting helpers. Nothing here contains lab answers: the notebooks
 call your code for everything a lab builds.
