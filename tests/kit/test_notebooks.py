@@ -232,3 +232,40 @@ def test_jupyter_lab_serves_the_lab_notebooks(tmp_path):
             server.wait(timeout=20)
         except subprocess.TimeoutExpired:
             server.kill()
+
+
+def test_lab_05_notebook_uses_gpt2_when_present(tmp_path):
+    """With a GPT-2 checkpoint at $GPT2_DIR (here a small random one with GPT-2's vocabulary),
+    lab 05's notebook loads it instead of the Shakespeare model and still draws its figures."""
+    if not (KIT_ROOT / "solutions").is_dir():
+        pytest.skip("no solutions/ here (a student copy)")
+    from gptkit.checkpoints import GPT2Shape, random_gpt2_state, write_checkpoint
+
+    shape = GPT2Shape(vocab_size=50257, d_model=32, num_layers=2, num_heads=2, max_seq_len=32)
+    folder = write_checkpoint(tmp_path / "gpt2", random_gpt2_state(shape, np.random.default_rng(0)), shape)
+    nb = execute(notebook_path("05_gpt2_weights"), "solutions", env={"GPT2_DIR": str(folder)})
+    assert not errors_of(nb), errors_of(nb)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert any("real GPT-2 small from" in text_of(c) and "␣France" in text_of(c) for c in code)
+    for cell in code:
+        assert MARK not in text_of(cell), text_of(cell)
+        if "figure" in cell.metadata.get("tags", []):
+            assert images_of(cell) and all(not_blank(im) for im in images_of(cell)), text_of(cell)
+
+
+def test_lab_09_notebook_draws_cross_attention_when_marian_is_present(tmp_path):
+    """With a MarianMT checkpoint at $MARIAN_DIR (a small random one, no tokenizer files),
+    lab 09's notebook translates token ids with the lab-09 model and draws the cross-attention."""
+    if not (KIT_ROOT / "solutions").is_dir():
+        pytest.skip("no solutions/ here (a student copy)")
+    from gptkit.testing.seq2seq import Seq2SeqShape, hf_marian, random_seq2seq_state
+    from gptkit.testing.torchref import torch_or_skip
+
+    torch_or_skip()
+    shape = Seq2SeqShape(vocab_size=60, d_model=32, num_layers=2, num_heads=4, d_ff=48, max_seq_len=32)
+    hf_marian(random_seq2seq_state(shape, np.random.default_rng(0)), shape).save_pretrained(tmp_path / "marian")
+    nb = execute(notebook_path("09_encoder_decoder"), "solutions", env={"MARIAN_DIR": str(tmp_path / "marian")})
+    assert not errors_of(nb), errors_of(nb)
+    cells = [c for c in nb.cells if "optional-figure" in c.metadata.get("tags", [])]
+    assert cells and images_of(cells[0]) and not_blank(images_of(cells[0])[0]), text_of(cells[0])[-1000:]
+    assert MARK not in text_of(cells[0]), text_of(cells[0])
