@@ -84,7 +84,7 @@ def release(out: Path, *, force: bool = False) -> list[str]:
         raise ReleaseError("stubs are out of date: run `uv run grader stubs` first: "
                            + ", ".join(str(p.relative_to(KIT_ROOT)) for p in stale))
     out.mkdir(parents=True, exist_ok=True)
-    skip = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", ".hypothesis")
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", ".hypothesis", ".ipynb_checkpoints")
     for lab in lab_dirs(KIT_ROOT / "labs"):
         shutil.copytree(KIT_ROOT / "labs" / lab.name, out / "labs" / lab.name, ignore=skip)
     (out / "tests").mkdir()
@@ -100,7 +100,7 @@ def release(out: Path, *, force: bool = False) -> list[str]:
     shutil.copy2(TEMPLATE, out / "README.md")
     shutil.copy2(KIT_ROOT / "pyproject.toml", out / "pyproject.toml")
     shutil.copy2(KIT_ROOT / "uv.lock", out / "uv.lock")
-    (out / ".gitignore").write_text(".venv/\n__pycache__/\n*.pyc\n.pytest_cache/\n.hypothesis/\n.grader-check/\n")
+    (out / ".gitignore").write_text(".venv/\n__pycache__/\n*.pyc\n.pytest_cache/\n.hypothesis/\n.grader-check/\n.ipynb_checkpoints/\n")
     leaks = find_leaks(out)
     if leaks:
         shutil.rmtree(out)

@@ -1,4 +1,6 @@
-"""Data the kit ships: GPT-2's tokenizer files (see ``gpt2/README.md`` and ``gpt2/LICENSE``)."""
+"""Data the kit ships: GPT-2's tokenizer files (see ``gpt2/README.md`` and ``gpt2/LICENSE``), and
+the small GPT trained on the kit's Shakespeare that the notebooks look inside
+(``shakespeare_bpe/``, made by ``python -m gptkit.shakespeare_model``; see its ``README.md``)."""
 
 from __future__ import annotations
 

@@ -238,6 +238,8 @@ RUN_BY = {
     "uv run grader check labs/01_causal_mask": "tests/grader/test_release_and_gradescope.py::test_grader_check_runs_in_the_student_copy",
     "uv run grader release ../student-kit": "tests/kit/test_docs.py::test_instructor_quick_start_runs_as_shown",
     "uv run grader gradescope autograder.zip": "tests/kit/test_docs.py::test_instructor_quick_start_runs_as_shown",
+    "uv sync --extra notebooks": ".ci/run",
+    "uv run --extra notebooks jupyter lab": "tests/kit/test_notebooks.py::test_jupyter_lab_serves_the_lab_notebooks",
 }
 
 
