@@ -22,6 +22,7 @@ import select
 import socket
 import time
 import weakref
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -114,6 +115,14 @@ class RemoteObject:
             self._remote.forget(self._handle, self._life)
         except BaseException:  # noqa: BLE001 - interpreter shutdown
             pass
+
+
+def next_item(iterator):
+    """``next(iterator)``, also for an iterator that lives in the lab process (a stand-in,
+    which ``iter`` would read whole): one item, or ``StopIteration`` at the end."""
+    if isinstance(iterator, RemoteObject):
+        return iterator._remote.request("next", target=iterator)
+    return next(iterator)
 
 
 def type_name(value) -> str:
@@ -327,6 +336,10 @@ class Remote:
             state = wire.generator_state(value)
             self.gen_sent[ref] = state
             return {"$g": [ref, enc(state)]}
+        if isinstance(value, Iterator):  # a generator: lab code reads it one item at a time
+            key = len(self.callbacks) + 1
+            self.callbacks[key] = value.__next__
+            return {"$i": key}
         if callable(value) and not isinstance(value, type):
             key = len(self.callbacks) + 1
             self.callbacks[key] = value

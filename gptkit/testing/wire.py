@@ -5,7 +5,8 @@ another; they exchange *plain data* only: ``None``, booleans, numbers, strings, 
 paths, slices, lists, tuples, dicts, NumPy arrays and scalars of numeric dtypes, seeded
 generators (as their state), and *handles* that name an object living on the other
 side (or, for a function a test passes to lab code, a *callback*: calling it asks the
-test process to run it on plain arguments). Decoding never runs code the sender chose: the format is JSON (no pickle) with
+test process to run it on plain arguments; for an iterator, such as a generator, a
+callback per item). Decoding never runs code the sender chose: the format is JSON (no pickle) with
 the arrays' raw bytes after it, every dtype from a fixed list, every shape checked
 against the bytes it claims.
 
@@ -276,11 +277,31 @@ class Decoder:
             if type(body) is not int or self.callback is None:
                 raise WireError("a malformed or unexpected callback")
             return self.callback(body)
+        if tag == "$i":
+            if type(body) is not int or self.callback is None:
+                raise WireError("a malformed or unexpected iterator")
+            return CallbackIterator(self.callback(body))
         if tag == "$g":
             if not (isinstance(body, list) and len(body) == 2 and type(body[0]) is int):
                 raise WireError("a malformed generator")
             return self.generator(GeneratorRef(body[0], self(body[1], depth + 1)))
         raise WireError(f"an unknown kind of value {tag!r}")
+
+
+class CallbackIterator:
+    """An iterator of the other side (a generator a test passes to lab code): each
+    ``next`` calls it back for one item; it ends when the other side's iterator ends."""
+
+    __slots__ = ("_next_item",)
+
+    def __init__(self, next_item):
+        self._next_item = next_item
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self._next_item()
 
 
 def _list(body) -> list:

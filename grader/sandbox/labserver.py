@@ -361,7 +361,7 @@ class Server:
         if isinstance(answer, dict) and "e" in answer:
             err = answer["e"] if isinstance(answer["e"], dict) else {}
             kind = {"ValueError": ValueError, "TypeError": TypeError, "IndexError": IndexError,
-                    "KeyError": KeyError}.get(err.get("type"), RuntimeError)
+                    "KeyError": KeyError, "StopIteration": StopIteration}.get(err.get("type"), RuntimeError)
             raise kind(str(err.get("msg", "the test's function failed")))
         return answer.get("v") if isinstance(answer, dict) else None
 
@@ -462,6 +462,8 @@ class Server:
             return len(target)
         if op == "list":
             return list(target)
+        if op == "next":
+            return next(target)
         if op == "describe":
             return {"type": type(target).__name__, "repr": repr(target)[:300]}
         raise ValueError(f"unknown request {op!r}")

@@ -144,7 +144,8 @@ def softmax_cross_entropy(logits: np.ndarray, targets: np.ndarray):
     Returns:
         ``(loss, dlogits)``: loss a float32 scalar (``np.float32``; the logits' dtype for
         float64), the mean over all N target tokens of −log softmax(logits)[target];
-        dlogits (..., V) = (softmax(logits) − onehot(target)) / N.
+        dlogits (..., V) = (softmax(logits) − onehot(target)) / N. The arrays given are
+        not modified.
     """
     logits = as_float_array(logits, "logits")
     targets = np.asarray(targets)
@@ -625,7 +626,8 @@ def gpt2_config(model: GPTModel) -> dict:
 
 
 def save_checkpoint(folder, model: GPTModel, metadata: dict[str, str] | None = None) -> Path:
-    """Write ``folder/model.safetensors`` (the state dict under GPT-2's hub names, float32)
+    """Write ``folder/model.safetensors`` (the state dict under GPT-2's hub names, float32,
+    with ``"format": "pt"`` added to ``metadata``: HuggingFace refuses a file without it)
     and ``folder/config.json`` (``gpt2_config``); create the folder if needed. Lab 05's
     ``load_gpt2(folder)`` and HuggingFace's ``GPT2LMHeadModel.from_pretrained(folder)``
     both load it. Returns the folder."""

@@ -151,7 +151,9 @@ def rope_angles(positions: np.ndarray, d_head: int, base: float = 10000.0) -> tu
 
     Returns:
         (cos, sin), each float32 (T, d): column j and column j + d/2 both hold angle
-        m·θ_j (the pair that rotate-half rotates together).
+        m·θ_j (the pair that rotate-half rotates together). The angles are computed in
+        float64 (a float32 angle near position 500,000 is off by up to 0.03 radians);
+        only their cos and sin are float32.
     """
     positions = np.asarray(positions)
     check_ndim(positions, "positions", ndim=1, shape_hint="(T,)")
@@ -660,7 +662,7 @@ def generate(model: LlamaModel, token_ids: np.ndarray, max_new_tokens: int, *, t
         model: a LlamaModel.
         token_ids: (B, T) int prompt, T ≥ 1; T + max_new_tokens ≤ max_seq_len.
         eos_token_id: a row that emits it emits only it afterwards; generation stops once
-            every row has.
+            every row has. Any id is an EOS, 0 included; None means none.
         use_cache: True feeds the prompt once, then one token per step through a
             LlamaCache; False reruns the whole sequence every step.
 

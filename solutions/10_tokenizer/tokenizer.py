@@ -296,10 +296,16 @@ class Tokenizer:
 
         A chunk can end in the middle of a pre-token or a special token, so text is held
         back until it cannot change: the pre-tokens (and special tokens) of what has been
-        read that end at least ``max(3, longest special token)`` characters before its end
-        are certain (GPT-2's pattern looks at most 3 characters ahead). They are encoded as
-        found: re-splitting the text before them alone could end differently (``"\\n\\n"``
-        at the end of a text is one pre-token, before a word two).
+        read that end *more than* ``max(3, longest special token)`` characters before its
+        end are certain. Where a pre-token ends can depend on the two characters after it
+        (a whitespace run gives its last character back when a non-space follows, and a
+        contraction needs up to 3 characters) and on whether a special token starts
+        right after it, which is known only once that special token has been read whole:
+        read up to its last ``"|"``, ``"a\\n\\n<|endoftext|>"`` splits its whitespace run
+        in two, ``"\\n"`` and ``"\\n"`` (the ``"<"`` is a non-space), where the whole text,
+        the special token cut out, ends with one pre-token ``"\\n\\n"``. They are encoded as
+        found: re-splitting the text before them alone could end differently
+        (``"\\n\\n"`` at the end of a text is one pre-token, before a word two).
         """
         margin = max([3, *(len(s) for s in self.special_tokens)])
         ### BEGIN SOLUTION keep a buffer; after each chunk encode its certain pre-tokens and drop them; encode the rest at the end
@@ -312,7 +318,7 @@ class Tokenizer:
             for piece in split_on_special(buffer, self.special_tokens):
                 tokens = [piece] if piece in self._special_ids else pretokenize(piece)
                 n = 0
-                while n < len(tokens) and pos + len(tokens[n]) <= limit:
+                while n < len(tokens) and pos + len(tokens[n]) < limit:
                     pos += len(tokens[n])
                     n += 1
                 certain += tokens[:n]

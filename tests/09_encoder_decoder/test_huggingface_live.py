@@ -53,8 +53,13 @@ def test_logits_match_marian_on_padded_batches(name):
     with torch.no_grad():
         expected = hf(input_ids=to_torch(src), attention_mask=to_torch((src != shape.pad_id).astype(np.int64)),
                       decoder_input_ids=to_torch(tgt), decoder_attention_mask=to_torch(tgt_keep.astype(np.int64))).logits
-    assert_close(model(src, tgt, tgt_keep=tgt_keep), to_numpy(expected), what=f"logits vs MarianMTModel ({name})",
-                 atol=1e-4, rtol=1e-4)
+    expected = to_numpy(expected)
+    # Padded target positions carry nothing (no loss, no prediction is read there): only the real ones decide.
+    # Float32 rounding scales with the values: the bound is 1e-4 of the largest real logit (the reference
+    # differs from MarianMT by at most 1e-5 of it on these shapes, on the CPU).
+    tol = 1e-4 * float(np.abs(expected[tgt_keep]).max())
+    assert_close(np.asarray(model(src, tgt, tgt_keep=tgt_keep))[tgt_keep], expected[tgt_keep], atol=tol, rtol=1e-4,
+                 what=f"logits vs MarianMTModel ({name}) at the real (unpadded) target positions")
 
 
 @pytest.mark.parametrize("name", SHAPES)

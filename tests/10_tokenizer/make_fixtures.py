@@ -6,6 +6,9 @@ offline from the kit's GPT-2 files) and by the reference trainer.
   (HuggingFace and tiktoken agree on every one; the recipe checks it) and their
   pre-tokens; and HuggingFace's decoding of every prefix of one string's ids, many of
   them cut in the middle of a character.
+- ``gpt2_stream``: strings that put special tokens, whitespace runs and contractions
+  where a chunk may end, with GPT-2's ids (HuggingFace and tiktoken agree on each), for
+  the streaming encoder cut at every point.
 - ``train_sample`` / ``train_ties``: the reference trainer's merges on a Shakespeare
   sample with ``<|endoftext|>`` between its parts, and on a corpus of short random words
   over four letters, where most steps are decided by the tie-break.
@@ -22,6 +25,16 @@ from gptkit.testing.layout import KIT_ROOT
 NEEDS_TORCH = True
 CORPUS = KIT_ROOT / "labs" / "07_training" / "data" / "shakespeare.txt"
 CUT_STRING = "naïve € 👨‍👩‍👧 日本"
+E = ENDOFTEXT
+STREAM_STRINGS = [
+    f"a\n\n{E}",                       # a whitespace run, then a special token cut anywhere
+    f"x  \n\t {E}  y{E}{E}\n\n",
+    f"I'll  've{E}'s\n\n\n'd they're",   # contractions after a special token and a run
+    f"don't\r\n\r\n{E}we'LL   go",
+    f"\u3000\u3000{E}\u3000 a\n\n\n\n",  # Unicode whitespace
+    f"<|endoftext|\n\n<|{E}|>\n \n",      # near-misses of the special token
+    f"   {E}   ",
+]
 
 
 def ragged(items, dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -67,6 +80,20 @@ def _gpt2_hard(tok) -> dict:
     }
 
 
+def _gpt2_stream(tok) -> dict:
+    hf, tk = hf_gpt2_tokenizer(), tiktoken_gpt2()
+    ref = tok.Tokenizer.from_gpt2_files(*gpt2_files())
+    ids = []
+    for s in STREAM_STRINGS:
+        a, b = hf.encode(s), tk.encode(s, allowed_special="all")
+        assert a == b == ref.encode(s), f"HuggingFace, tiktoken and the reference disagree on {s!r}"
+        for k in range(len(s) + 1):
+            assert list(ref.encode_iterable([s[:k], s[k:]])) == a, f"the reference's stream of {s!r} cut at {k}"
+        ids.append(a)
+    flat_ids, id_offsets = ragged(ids, np.int64)
+    return {"text": _strings(STREAM_STRINGS), "ids": flat_ids, "id_offsets": id_offsets}
+
+
 def _train_case(tok, text: str, vocab_size: int, specials: list[str]) -> dict:
     vocab, merges = tok.train_bpe(text, vocab_size, specials)
     left, left_offsets = ragged([a for a, _ in merges], np.uint8)
@@ -86,6 +113,7 @@ def build() -> dict[str, dict[str, np.ndarray]]:
     return {
         "byte_map": _byte_map(tok),
         "gpt2_hard": _gpt2_hard(tok),
+        "gpt2_stream": _gpt2_stream(tok),
         "train_sample": _train_case(tok, sample, 256 + 1 + 300, [ENDOFTEXT]),
         "train_ties": _train_case(tok, ties, 256 + 60, []),
         "train_corpus": {k: v for k, v in _train_case(tok, corpus, 256 + 1 + 1000, [ENDOFTEXT]).items() if k != "text"},

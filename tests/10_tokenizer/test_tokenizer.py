@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gptkit.data import ENDOFTEXT, gpt2_files
-from gptkit.testing import explains_errors, lab, load_fixture, raises_clearly, remote
+from gptkit.testing import explains_errors, lab, load_fixture, next_item, raises_clearly, remote
 
 T = lab("tokenizer")
 LAB = "10_tokenizer"
@@ -209,6 +209,16 @@ def test_merge_word_replaces_every_occurrence():
                                 + _merge_hint(got, (1, 2))
 
 
+def test_merge_word_leaves_its_argument_unchanged():
+    word = [1, 2, 3, 1, 2]
+    got = list(T.merge_word(word, (1, 2), 9))
+    assert word == [1, 2, 3, 1, 2], (
+        f"merge_word(word, (1, 2), 9) changed the list it was given: word was [1, 2, 3, 1, 2], is now {word}. "
+        "merge_word returns a new list and leaves its argument as it was (the trainer still reads the old word "
+        "to take its pairs' counts off)")
+    assert got == [9, 3, 9], f"merge_word([1, 2, 3, 1, 2], (1, 2), 9): expected [9, 3, 9], got {got}"
+
+
 # --- training --------------------------------------------------------------------------------------
 
 def test_train_bpe_vocab_size_gives_the_number_of_merges():
@@ -239,6 +249,16 @@ def test_train_bpe_never_merges_into_special_tokens():
                     "of the corpus before counting, never merged into"
     assert vocab[max(vocab)] == EOT.encode(), \
         f"train_bpe: the special token {EOT!r} must have the last id, {max(vocab)}; got {vocab[max(vocab)]!r} there"
+
+
+def test_train_bpe_cuts_special_tokens_out_of_the_corpus():
+    # Between the special tokens there are only single letters: no pair at all. Left in, the special token's
+    # bytes would be merged; removed with the text around it joined ("qqq"), (q, q) would be.
+    vocab, merges = T.train_bpe(f"q{EOT}q{EOT}q", 256 + 1 + 5, [EOT])
+    assert not list(merges) and len(vocab) == 257, (
+        f"train_bpe(q<|endoftext|>q<|endoftext|>q) learned {[a + b for a, b in _as_merges(merges)]}: the special "
+        "token is cut out of the corpus and splits it, so no pair is left (no merge at all): never merge the "
+        "special token's bytes, nor the text on its two sides")
 
 
 def test_train_bpe_weights_pairs_by_how_often_each_pre_token_occurs():
@@ -274,6 +294,16 @@ def test_train_bpe_tie_break_compares_bytes_not_ids():
                    "The tie-break compares the pairs' bytes (vocab[left], vocab[right]), not their ids")
 
 
+def test_train_bpe_tie_break_compares_bytes_of_cut_characters():
+    # Every pair occurs once, and the tokens of the first merges are parts of a character, which all decode to
+    # U+FFFD: only their bytes order them (0xF0 > 0xE6 > 0xE2 > …).
+    _, merges = T.train_bpe("€😀 日", 256 + 4)
+    expected = [(b"\xf0", b"\x9f"), (b"\xf0\x9f", b"\x98"), (b"\xf0\x9f\x98", b"\x80"), (b"\xe6", b"\x97")]
+    _assert_merges(merges, expected, "train_bpe('€😀 日', 260): ties between parts of characters",
+                   "The tie-break compares the pairs' bytes: a token that is part of a UTF-8 character decodes to "
+                   "U+FFFD, so comparing decoded strings ties them all")
+
+
 def test_train_bpe_lays_the_vocabulary_out_as_gpt2():
     vocab, merges = T.train_bpe("low lower lowest", 256 + 1 + 3, [EOT])
     assert [vocab[i] for i in range(256)] == [bytes([i]) for i in range(256)], \
@@ -284,6 +314,19 @@ def test_train_bpe_lays_the_vocabulary_out_as_gpt2():
 
     with raises_clearly(ValueError, when="train_bpe with vocab_size=256 and one special token", mentions="vocab_size"):
         T.train_bpe("abc", 256, [EOT])
+
+
+def test_train_bpe_stops_when_no_pair_is_left():
+    # "ab ab" holds (a, b) twice and then (' ', ab) once: two merges, however many are asked for.
+    with explains_errors("train_bpe('ab ab', vocab_size=267, <|endoftext|>)",
+                         "once no pair is left (every count 0), stop: a pair whose count fell to 0 is no candidate"):
+        vocab, merges = T.train_bpe("ab ab", 256 + 1 + 10, [EOT])
+    _assert_merges(merges, [(b"a", b"b"), (b" ", b"ab")], "train_bpe('ab ab', vocab_size=267, <|endoftext|>)",
+                   "Fewer merges than asked for only when no pair is left: once every pre-token is one token, "
+                   "stop (a pair whose count has fallen to 0 is no pair: never merge it)")
+    assert len(vocab) == 256 + 2 + 1 and vocab[258] == EOT.encode(), (
+        f"train_bpe('ab ab', vocab_size=267, <|endoftext|>) learned 2 merges: the vocabulary is the 256 bytes, the "
+        f"2 merges and <|endoftext|> at id 258, {259} tokens; got {len(vocab)} tokens")
 
 
 RECOUNT = ("After each merge the pair counts must be those of a recount from scratch: the words that held the "
@@ -329,6 +372,18 @@ def test_encode_word_merges_every_occurrence_of_the_best_pair():
     got = [vocab[i] for i in T.Tokenizer(vocab, merges).encode_word(b"bcbcb")]
     assert got == [b"bc", b"bc", b"b"], \
         f"encode_word(b'bcbcb'): expected [b'bc', b'bc', b'b'], got {got}: every occurrence of the merged pair merges"
+
+
+def test_encode_word_rank_is_the_position_in_merges_not_an_id():
+    # The merged tokens numbered against their ranks: abc is 256, ab 257, bc 258.
+    vocab = {i: bytes([i]) for i in range(256)} | {256: b"abc", 257: b"ab", 258: b"bc"}
+    merges = [(b"b", b"c"), (b"a", b"b"), (b"a", b"bc")]
+    tok = T.Tokenizer(vocab, merges)
+    got = [vocab[int(i)] for i in tok.encode_word(b"abc")]
+    assert got == [b"abc"], (
+        f"encode_word(b'abc') with merges (b, c), (a, b), (a, bc) in rank order, their tokens numbered bc = 258, "
+        f"ab = 257, abc = 256: expected [b'abc'], got {got}: a merge's rank is its position in merges (lowest "
+        "first), not the id of the token it makes (self._ranks[pair] is (rank, merged id))")
 
 
 def test_encode_keeps_merges_inside_pre_tokens():
@@ -406,6 +461,62 @@ def test_encode_iterable_encodes_held_back_pre_tokens_as_found():
     _assert_ids(got, list(gpt2.encode("".join(chunks))), f"encode_iterable of the chunks {chunks} (GPT-2)",
                 "Encode each certain pre-token as found: re-encoding the certain text as a string joins its last "
                 "whitespace run up differently ('\\n\\n' at the end of a text is one pre-token, before a word two)")
+
+
+def test_encode_iterable_yields_ids_before_the_input_ends():
+    gpt2 = _gpt2()
+    line = "One line of a long file, read as it streams.\n"
+    expected = list(gpt2.encode(line * 2))[:len(list(gpt2.encode(line)))]
+
+    def lines():
+        for k in range(1000):
+            yield line
+        raise AssertionError(
+            "encode_iterable read 1,000 lines without yielding the ids of the first one: it must stream, yielding "
+            "each id once the text before it cannot change (holding back only the last few characters), so that "
+            "a file of any size streams in bounded memory; encode(''.join(chunks)) reads the whole input first")
+
+    stream = gpt2.encode_iterable(lines())
+    got = [next_item(stream) for _ in expected]
+    _assert_ids(got, expected, "the first ids that encode_iterable streams from a file of identical lines")
+
+
+STREAM_RULE = ("A pre-token is certain only once it ends MORE than max(3, longest special token) characters "
+               "before the end of what has been read: where it ends depends on the characters after it (a "
+               "whitespace run gives its last character back when a non-space follows) and on whether a special "
+               "token starts right after it, which is known only once that special token has been read whole")
+
+
+def _stream_cases():
+    f = load_fixture(LAB, "gpt2_stream")
+    return [(str(t), [int(i) for i in ids]) for t, ids in zip(f["text"], _ragged(f["ids"], f["id_offsets"]))]
+
+
+def test_encode_iterable_cut_at_every_point():
+    gpt2 = _gpt2()
+    for text, expected in _stream_cases():
+        for k in range(len(text) + 1):
+            _assert_ids(gpt2.encode_iterable([text[:k], text[k:]]), expected,
+                        f"encode_iterable of {text!r} cut after {k} characters, {text[:k]!r} + {text[k:]!r} "
+                        "(GPT-2's ids from HuggingFace and tiktoken)", STREAM_RULE)
+        _assert_ids(gpt2.encode_iterable(list(text)), expected,
+                    f"encode_iterable of {text!r} one character per chunk (GPT-2)", STREAM_RULE)
+
+
+_STREAM_ATOMS = ["a", "b", "l", "d", " ", "  ", "\n", "\n\n", "\t", "\r\n", "\u3000", "'", "'ll", "'s", "'l", "1",
+                 "!", "é", EOT, "<|", "|>", "<|a|>"]
+
+
+@given(st.lists(st.sampled_from(_STREAM_ATOMS), min_size=1, max_size=10), st.data())
+def test_encode_iterable_random_chunkings(atoms, data):
+    text = "".join(atoms)
+    cuts = sorted(data.draw(st.sets(st.integers(0, len(text)), max_size=4), label="cut points"))
+    chunks = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+    vocab, merges = _tiny()
+    for name, tok in (("GPT-2", _gpt2()), ("the hand-made vocabulary with <|endoftext|> and <|a|>",
+                                            T.Tokenizer(vocab, merges, [EOT, "<|a|>"]))):
+        _assert_ids(tok.encode_iterable(chunks), tok.encode(text),
+                    f"encode_iterable of the chunks {chunks} ({name}) against encode of the whole text", STREAM_RULE)
 
 
 # --- GPT-2's own tokenizer -------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gptkit.testing import remote, same_object, shares_memory
+from gptkit.testing import next_item, remote, same_object, shares_memory
 from gptkit.testing.layout import KIT_ROOT
 from grader.sandbox import runner
 
@@ -63,6 +63,10 @@ def draw(rng, n):
 
 def apply(fn, x):
     return fn(x) + 1
+
+def doubled(items):
+    for x in items:
+        yield 2 * x
 
 def fail(kind):
     if kind == "picky":
@@ -209,6 +213,22 @@ def test_generators_and_callbacks(lab):
     assert np.array_equal(lab.draw(rng, 3), mirror.normal(size=3))
     assert rng.normal() == mirror.normal(), "the test's generator advances as lab code drew from it"
     assert lab.apply(lambda v: v * 10, 2) == 21, "a function the test passes is called back"
+
+
+def test_iterators_cross_one_item_at_a_time(lab):
+    read = []
+
+    def items():
+        for x in range(100):
+            read.append(x)
+            yield x
+
+    out = lab.doubled(items())
+    assert [next_item(out) for _ in range(3)] == [0, 2, 4] and read == [0, 1, 2], \
+        "a generator the test passes is read one item at a time, as lab code asks for them"
+    assert list(out) == [2 * x for x in range(3, 100)] and len(read) == 100
+    with pytest.raises(StopIteration):
+        next_item(lab.doubled(iter([])))
 
 
 def test_errors(lab):

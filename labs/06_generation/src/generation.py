@@ -226,7 +226,7 @@ def next_token_loss(model, token_ids: np.ndarray, pad_id: int | None = None) -> 
     Returns:
         a float32 scalar: ``cross_entropy`` of logits[:, :-1] against token_ids[:, 1:],
         the same number as HuggingFace's ``model(ids, labels=ids).loss`` (with the
-        padding's labels set to -100).
+        padding's labels set to -100). ``token_ids`` is not modified.
     """
     token_ids = np.asarray(token_ids)
     check_ndim(token_ids, "token_ids", ndim=2, shape_hint="(B, T)")
@@ -353,7 +353,8 @@ def generate(model: GPTModel, token_ids: np.ndarray, max_new_tokens: int, *, tem
         max_new_tokens: n ≥ 0; T + n must be ≤ the model's max_seq_len.
         temperature, top_k, top_p, rng: as ``sample_next`` (temperature 0: greedy).
         eos_token_id: once a row emits it, that row's later tokens are all eos_token_id,
-            and generation stops as soon as every row has emitted it.
+            and generation stops as soon as every row has emitted it. Any id is an EOS,
+            0 included; None (the default) means none.
         use_cache: True runs the prompt once and then one token per step through a
             KVCache; False runs the whole sequence through the model at every step.
 

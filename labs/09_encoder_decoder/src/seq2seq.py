@@ -489,7 +489,9 @@ def greedy_decode(model: EncoderDecoderModel, src_ids: np.ndarray, max_new_token
     Args:
         start_id: the decoder's first token (None: ``model.pad_id``, as MarianMT).
         eos_id: a row that emits it is finished: its later tokens are ``model.pad_id``;
-            decoding stops when every row has finished.
+            decoding stops when every row has finished. Any id, 0 included (None: none).
+        src_keep: (B, S) bool, the real source tokens (None: ``padding_mask(src_ids,
+            model.pad_id)``); used by the encoder and at every step.
 
     Returns:
         int64 (B, 1 + m), m ≤ max_new_tokens: the start token, then the chosen tokens.

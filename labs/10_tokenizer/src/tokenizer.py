@@ -213,10 +213,16 @@ class Tokenizer:
 
         A chunk can end in the middle of a pre-token or a special token, so text is held
         back until it cannot change: the pre-tokens (and special tokens) of what has been
-        read that end at least ``max(3, longest special token)`` characters before its end
-        are certain (GPT-2's pattern looks at most 3 characters ahead). They are encoded as
-        found: re-splitting the text before them alone could end differently (``"\\n\\n"``
-        at the end of a text is one pre-token, before a word two).
+        read that end *more than* ``max(3, longest special token)`` characters before its
+        end are certain. Where a pre-token ends can depend on the two characters after it
+        (a whitespace run gives its last character back when a non-space follows, and a
+        contraction needs up to 3 characters) and on whether a special token starts
+        right after it, which is known only once that special token has been read whole:
+        read up to its last ``"|"``, ``"a\\n\\n<|endoftext|>"`` splits its whitespace run
+        in two, ``"\\n"`` and ``"\\n"`` (the ``"<"`` is a non-space), where the whole text,
+        the special token cut out, ends with one pre-token ``"\\n\\n"``. They are encoded as
+        found: re-splitting the text before them alone could end differently
+        (``"\\n\\n"`` at the end of a text is one pre-token, before a word two).
         """
         margin = max([3, *(len(s) for s in self.special_tokens)])
         # YOUR CODE HERE

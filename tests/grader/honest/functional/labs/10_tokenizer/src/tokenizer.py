@@ -250,7 +250,7 @@ class Tokenizer:
 
     def encode_iterable(self, iterable: Iterable[str]) -> Iterator[int]:
         """The ids of ``"".join(iterable)``, yielded once the text before them cannot change:
-        tokens ending at least ``max(3, longest special token)`` characters before the end
+        tokens ending more than ``max(3, longest special token)`` characters before the end
         of what has been read are certain and are encoded as found."""
         margin = max([3, *(len(s) for s in self.special_tokens)])
         buffer = ""
@@ -260,7 +260,7 @@ class Tokenizer:
             buffer += chunk
             tokens = list(self._tokens(buffer))
             ends = accumulate(map(len, tokens))
-            certain = list(takewhile(partial(operator.ge, len(buffer) - margin), ends))
+            certain = list(takewhile(partial(operator.gt, len(buffer) - margin), ends))
             yield from chain.from_iterable(map(self._token_ids, tokens[:len(certain)]))
             buffer = buffer[certain[-1]:] if certain else buffer
         yield from self.encode(buffer)

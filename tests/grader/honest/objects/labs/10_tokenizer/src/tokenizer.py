@@ -204,12 +204,12 @@ class HeldText:
     text: str = ""
 
     def take_certain(self, pieces: list[Piece]) -> list[Piece]:
-        """The leading tokens of ``pieces`` (this text, tokenized) that end at least
+        """The leading tokens of ``pieces`` (this text, tokenized) that end more than
         ``margin`` characters before its end; they are dropped from the text."""
         limit = len(self.text) - self.margin
         taken, end = [], 0
         for piece in pieces:
-            if end + len(piece.text) > limit:
+            if end + len(piece.text) >= limit:
                 break
             end += len(piece.text)
             taken.append(piece)
@@ -321,7 +321,7 @@ class Tokenizer:
 
     def encode_iterable(self, iterable: Iterable[str]) -> Iterator[int]:
         """The ids of ``"".join(iterable)``, yielded once the text before them cannot change:
-        tokens ending at least ``max(3, longest special token)`` characters before the end
+        tokens ending more than ``max(3, longest special token)`` characters before the end
         of what has been read are certain and are encoded as found."""
         held = HeldText(margin=max([3, *(len(s) for s in self.special_tokens)]))
         for chunk in iterable:
