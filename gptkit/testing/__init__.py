@@ -14,7 +14,7 @@ _HOMES = {
     "firstdiff": ["first_difference", "first_in_order"],
     "fixtures": ["diagnosis_label", "fixture_params", "load_fixture", "stored_diagnoses"],
     "loader": ["lab"],
-    "remote": ["same_object", "shares_memory"],
+    "remote": ["arguments_written_back", "same_object", "shares_memory"],
 }
 _WHERE = {name: module for module, names in _HOMES.items() for name in names}
 __all__ = sorted(_WHERE)

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from gptkit.testing import (assert_close, assert_float32, checkpoint_on_disk, explains_errors, fixture_params, lab,
+from gptkit.testing import (arguments_written_back, assert_close, assert_float32, checkpoint_on_disk, explains_errors, fixture_params, lab,
                             raises_clearly)
 from gptkit.checkpoints import safetensors_bytes
 
@@ -163,7 +163,8 @@ def test_generate_greedy_matches_huggingface(tmp_path, case):
     folder, f = checkpoint_on_disk(tmp_path, LAB, case)
     model = W.load_gpt2(folder)
     prompt = f["prompt"].copy()
-    out = W.generate_greedy(model, prompt, f["greedy"].shape[1] - prompt.shape[1])
+    with arguments_written_back():  # to see whether it changes the prompt
+        out = W.generate_greedy(model, prompt, f["greedy"].shape[1] - prompt.shape[1])
     assert isinstance(out, np.ndarray) and out.shape == f["greedy"].shape, (
         f"generate_greedy must return (B, T + n) = {f['greedy'].shape}, got {getattr(out, 'shape', type(out).__name__)}")
     assert out.dtype.kind in "iu", f"generate_greedy must return integer token ids, got {out.dtype}"
