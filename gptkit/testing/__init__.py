@@ -8,7 +8,7 @@ The names below load on first use, so that the grader's lab process, which needs
 import importlib
 
 _HOMES = {
-    "assertions": ["assert_causal", "assert_close", "assert_float32", "assert_rejects_bad_x", "explains_errors",
+    "assertions": ["assert_causal", "assert_close", "assert_float32", "assert_ndarray", "assert_rejects_bad_x", "explains_errors",
                    "mismatch_summary", "raises_clearly"],
     "checkpoints": ["checkpoint_on_disk", "real_checkpoint"],
     "firstdiff": ["first_difference", "first_in_order"],

@@ -7,10 +7,11 @@ run the tests against trees built here:
   with every array replaced by zeros of the same shape and dtype (numbers by 0, objects
   kept), the work a student who wrote only the shapes would hand in. It must score 0.
 - ``"scramble"``: every result is the reference's, but the caller's array arguments are
-  overwritten afterwards (floats and ints with zeros, booleans with True), as lab code
-  that mutates its inputs to make a test's expectation match would do. Only the tests
-  that check that inputs are left alone may fail: a test that builds its expectation from
-  the arguments after the call fails here.
+  overwritten afterwards, as lab code
+  that mutates its inputs to make a test's expectation match would do (here: floats NaN,
+  booleans inverted, integers changed). Only the tests that check that inputs are left
+  alone may fail: a test that builds its expectation from, or calls lab code again with,
+  the arguments it passed fails here.
 
 Only the outermost call from outside the lab code is changed: the reference's calls to
 its own functions and to earlier labs' run as they are.
@@ -87,9 +88,17 @@ def _copy_arrays(value):
 
 
 def _scramble(arrays: list[np.ndarray]) -> None:
+    """Every element changed: floats NaN, booleans inverted, integers' lowest bit flipped,
+    so that whatever a test derives from them afterwards differs from what it should."""
     for a in arrays:
-        if a.flags.writeable and a.size:
-            a[...] = True if a.dtype == np.bool_ else 0
+        if not (a.flags.writeable and a.size):
+            continue
+        if a.dtype == np.bool_:
+            np.logical_not(a, out=a)
+        elif a.dtype.kind in "iu":
+            a ^= 1
+        elif a.dtype.kind in "fc":
+            a[...] = np.nan
 
 
 def _wrap(fn, mode: str, *, method: bool):
