@@ -4,8 +4,8 @@ The kit's own checks that its tests cannot be gamed (``tests/kit/test_impostors.
 run the tests against trees built here:
 
 - ``"zeros"``: every function and method of the lab returns what the reference returns
-  with every array replaced by zeros of the same shape and dtype (numbers by 0, objects
-  kept), the work a student who wrote only the shapes would hand in. It must score 0.
+  with every array replaced by zeros of the same shape and dtype (numbers by 0, strings
+  empty, objects kept), the work a student who wrote only the shapes would hand in. It must score 0.
 - ``"scramble"``: every result is the reference's, but the caller's array arguments are
   overwritten afterwards, as lab code
   that mutates its inputs to make a test's expectation match would do (here: floats NaN,
@@ -39,8 +39,8 @@ def _depth() -> int:
 
 
 def zeros_like(value):
-    """``value`` with every array made zeros of its shape and dtype; numbers 0; lab
-    objects, strings and None as they are."""
+    """``value`` with every array made zeros of its shape and dtype; numbers 0; strings
+    empty; lab objects and None as they are."""
     if isinstance(value, np.ndarray):
         return np.zeros_like(value)
     if isinstance(value, np.generic):
@@ -49,6 +49,8 @@ def zeros_like(value):
         return False
     if type(value) in (int, float):
         return type(value)(0)
+    if type(value) in (str, bytes):
+        return type(value)()
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
         return tuple(zeros_like(v) for v in value)
     if isinstance(value, list):
