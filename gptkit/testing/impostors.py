@@ -5,7 +5,8 @@ run the tests against trees built here:
 
 - ``"zeros"``: every function and method of the lab returns what the reference returns
   with every array replaced by zeros of the same shape and dtype (numbers by 0, strings
-  empty, objects kept), the work a student who wrote only the shapes would hand in. It must score 0.
+  empty, objects kept; what a method changes in place in its object's arrays is undone),
+  the work a student who wrote only the shapes would hand in. It must score 0.
 - ``"scramble"``: every result is the reference's, but the caller's array arguments are
   overwritten afterwards, as lab code
   that mutates its inputs to make a test's expectation match would do (here: floats NaN,
@@ -117,7 +118,13 @@ def _wrap(fn, mode: str, *, method: bool):
                 result = fn(*args[:start], *_copy_arrays(args[start:]), **_copy_arrays(kwargs))
                 _scramble(given)
                 return result
+            kept = []
+            if method and fn.__name__ != "__init__":  # its work in place is undone: it did nothing
+                kept = [(a, a.copy()) for a in _arrays(list(vars(args[0]).values()), [], set())
+                        if a.flags.writeable] if hasattr(args[0], "__dict__") else []
             result = fn(*args, **kwargs)
+            for a, before in kept:
+                a[...] = before
         finally:
             _state.depth = 0
         return result if fn.__name__ == "__init__" else zeros_like(result)
