@@ -39,7 +39,16 @@ def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
 _cache: dict[Path, dict[str, np.ndarray]] = {}
 
 
-def load_fixture(lab: str, case: str) -> dict[str, np.ndarray]:
+class Fixture(dict):
+    """A stored fixture's arrays by name; ``f[name]`` is a new copy each time, so that what
+    lab code does to an array a test passed it never reaches the next ``f[name]`` (nor what
+    the test expects from it)."""
+
+    def __getitem__(self, key):
+        return super().__getitem__(key).copy()
+
+
+def load_fixture(lab: str, case: str) -> Fixture:
     """The arrays of one stored fixture (read once per session, never pickled)."""
     path = fixture_path(lab, case)
     if path not in _cache:
@@ -49,7 +58,7 @@ def load_fixture(lab: str, case: str) -> dict[str, np.ndarray]:
             )
         with np.load(path, allow_pickle=False) as data:
             _cache[path] = {k: data[k] for k in data.files}
-    return {k: v.copy() for k, v in _cache[path].items()}
+    return Fixture({k: v.copy() for k, v in _cache[path].items()})
 
 
 def fixture_params(fixture: dict[str, np.ndarray], prefix: str = "param.") -> dict[str, np.ndarray]:

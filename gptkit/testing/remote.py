@@ -15,6 +15,7 @@ wall-clock backstop, far above the budget, catches lab code that only sleeps.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -165,6 +166,7 @@ class Remote:
         self.callbacks: dict[int, object] = {}  # functions of the tests that lab code may call back
         self.died: str = ""
         self.late = False  # this test ran past a time limit by this process's own count
+        self.write_back = False  # arrays lab code changes in place change for the test too (opt-in)
 
     # -- the grader (host) --------------------------------------------------------------------
     def _host(self, msg: dict, fds: int = 0):
@@ -268,6 +270,7 @@ class Remote:
             self.cpu_base = self._cpu()
         self.died = ""
         self.late = False
+        self.write_back = False
 
     def end_test(self) -> float:
         """CPU seconds the lab code used during this test (the kernel's count)."""
@@ -462,14 +465,35 @@ class Remote:
         for ref, state in (reply.get("g") or {}).items():
             if type(ref) is int:
                 self._generator(wire.GeneratorRef(ref, state))
+        changed = {}  # id(the test's array) → what lab code left in it
         for pair in reply.get("w") or ():
             if isinstance(pair, list) and len(pair) == 2 and type(pair[0]) is int and 0 <= pair[0] < len(sent):
                 target, new = sent[pair[0]], pair[1]
-                if isinstance(new, np.ndarray) and new.shape == target.shape and target.flags.writeable:
-                    target[...] = new  # lab code changed an array the test passed: so does the test's copy
+                if not (isinstance(new, np.ndarray) and new.shape == target.shape):
+                    continue
+                if self.write_back and target.flags.writeable:
+                    target[...] = new  # asked for: lab code changed an array the test passed, so does the test's
+                else:
+                    changed[id(target)] = new
         if "e" in reply:
             raise _rebuild(reply["e"])
+        if changed:  # an argument changed in place and returned: the test gets what lab code returned
+            return _substitute(reply.get("v"), changed)
         return reply.get("v")
+
+
+def _substitute(value, changed: dict, depth: int = 0):
+    if type(value) is np.ndarray:
+        return changed.get(id(value), value)
+    if depth > wire.MAX_DEPTH:
+        return value
+    if type(value) is list:
+        return [_substitute(v, changed, depth + 1) for v in value]
+    if type(value) is tuple:
+        return tuple(_substitute(v, changed, depth + 1) for v in value)
+    if type(value) is dict:
+        return {k: _substitute(v, changed, depth + 1) for k, v in value.items()}
+    return value
 
 
 def _envelope(tree) -> tuple[str, dict, object]:
@@ -504,6 +528,25 @@ def _rebuild(err) -> BaseException:
         exc.add_note(f"raised in {str(where)[:200]}")
     exc.lab_error = err  # the loader reads `line` for import errors
     return exc
+
+
+@contextlib.contextmanager
+def arguments_written_back():
+    """Within this block, an array argument that lab code changes in place changes for the
+    test too, as it would in one process (graded, the lab process's changes are copied
+    back). Only a test that checks in-place behaviour, or that lab code leaves its inputs
+    alone, asks for it. Elsewhere lab code gets its arguments by value: whatever it does to
+    them, a test's own arrays (from which it computes what it expects) never change.
+    In one process (plain pytest) nothing is copied: tests pass copies where it matters."""
+    r = _active
+    if r is None:
+        yield
+        return
+    before, r.write_back = r.write_back, True
+    try:
+        yield
+    finally:
+        r.write_back = before
 
 
 def same_object(a, b) -> bool:

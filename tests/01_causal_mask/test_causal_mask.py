@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gptkit.testing import assert_causal, assert_close, assert_rejects_bad_x, assert_float32, lab, load_fixture, raises_clearly
+from gptkit.testing import (assert_causal, assert_close, assert_float32, assert_ndarray, assert_rejects_bad_x, lab,
+                            load_fixture, raises_clearly)
 
 cm = lab("causal_mask")
 LAB = "01_causal_mask"
@@ -17,13 +18,8 @@ LAB = "01_causal_mask"
 
 @pytest.mark.parametrize("T,S", [(1, 1), (4, 4), (5, 5), (3, 7), (1, 6)])
 def test_causal_mask_matches_reference(T, S):
-    mask = cm.causal_mask(T, S)
     expected = load_fixture(LAB, f"mask_T{T}_S{S}")["mask"]
-    assert isinstance(mask, np.ndarray) and mask.dtype == np.bool_, (
-        f"causal_mask must return a bool array (True = may attend), got {type(mask).__name__} "
-        f"of dtype {getattr(mask, 'dtype', None)}"
-    )
-    assert mask.shape == (T, S), f"causal_mask({T}, {S}) must have shape (T, S) = {(T, S)}, got {mask.shape}"
+    mask = assert_ndarray(cm.causal_mask(T, S), f"causal_mask({T}, {S})", dtype=bool, shape=(T, S))
     wrong = np.argwhere(mask != expected)
     if len(wrong):
         i, j = (int(v) for v in wrong[0])
@@ -39,7 +35,7 @@ def _mask_rows(T, extra):
     """causal_mask(T, T + extra) row by row: (where, pos, row), pos being query i's absolute
     position S - T + i and `where` how a failure names the row."""
     S = T + extra
-    mask = cm.causal_mask(T, S)
+    mask = assert_ndarray(cm.causal_mask(T, S), f"causal_mask({T}, {S})", dtype=bool, shape=(T, S))
     for i in range(T):
         pos = S - T + i
         yield f"causal_mask({T}, {S}): row {i} (position {pos})", pos, mask[i]
@@ -61,7 +57,7 @@ def test_every_query_sees_its_past_and_itself(T, extra):
 
 
 def test_causal_mask_rejects_bad_lengths():
-    assert cm.causal_mask(2).shape == (2, 2)
+    assert_ndarray(cm.causal_mask(2), "causal_mask(2)", dtype=bool, shape=(2, 2))
     with raises_clearly(ValueError, when="causal_mask(5, kv_len=3): fewer keys than queries", mentions="kv_len"):
         cm.causal_mask(5, 3)
     with raises_clearly(ValueError, when="causal_mask(0)"):
@@ -72,16 +68,13 @@ def test_causal_mask_rejects_bad_lengths():
 
 def test_additive_mask_is_zero_or_minus_infinity():
     mask = np.array([[True, False, False], [True, True, False]])
-    add = cm.additive_mask(mask)
-    assert isinstance(add, np.ndarray) and add.dtype == np.float32, (
-        f"additive_mask must return float32 by default, got {getattr(add, 'dtype', type(add).__name__)}"
-    )
-    assert add.shape == mask.shape, f"additive_mask must keep the mask's shape {mask.shape}, got {add.shape}"
+    add = assert_ndarray(cm.additive_mask(mask.copy()), "additive_mask(mask)", dtype=np.float32, shape=mask.shape)
     assert np.all(add[mask] == 0), "additive_mask must be 0 where attention is allowed (True)"
     assert np.all(np.isneginf(add[~mask])), (
         "additive_mask must be -inf where attention is blocked (False), so softmax gives it weight exactly 0"
     )
-    assert cm.additive_mask(mask, dtype=np.float64).dtype == np.float64, "additive_mask must honour dtype="
+    assert_ndarray(cm.additive_mask(mask.copy(), dtype=np.float64), "additive_mask(mask, dtype=np.float64)",
+                   dtype=np.float64)
     with raises_clearly(TypeError, when="additive_mask of a float array", mentions="bool"):
         cm.additive_mask(np.ones((2, 2)))
 
@@ -103,7 +96,7 @@ def _axis_probes(x: np.ndarray, asked: int) -> dict[str, np.ndarray]:
 def test_softmax_matches_reference():
     f = load_fixture(LAB, "softmax")
     x = f["x"].copy()
-    assert_close(cm.softmax(f["x"]), f["y_last"], what="softmax(x) over the last axis",
+    assert_close(cm.softmax(f["x"].copy()), f["y_last"], what="softmax(x) over the last axis",
                  diagnoses=_axis_probes(x, -1))
     assert_close(cm.softmax(f["x"], axis=1), f["y_axis1"], what="softmax(x, axis=1)",
                  hint="softmax must normalise along the axis it is given", diagnoses=_axis_probes(x, 1))
@@ -112,7 +105,7 @@ def test_softmax_matches_reference():
 @given(st.lists(st.floats(-50, 50), min_size=1, max_size=16), st.floats(-1e4, 1e4))
 def test_softmax_rows_sum_to_one_and_ignore_shifts(row, shift):
     x = np.array([row, row], dtype=np.float32)
-    y = cm.softmax(x)
+    y = assert_ndarray(cm.softmax(x.copy()), "softmax(x)", dtype=np.float32, shape=x.shape)
     assert_close(y.sum(axis=-1), np.ones(2, np.float32), what="softmax row sums", atol=1e-5,
                  hint="each row of softmax must sum to 1")
     assert_close(cm.softmax(x + np.float32(shift)), y, what="softmax(x + c)", atol=1e-5, rtol=1e-3,
@@ -155,7 +148,7 @@ def test_attention_matches_reference():
     f = load_fixture(LAB, "sdpa")
     q, k, v, mask = f["q"], f["k"], f["v"], f["mask"]
     d = q.shape[-1]
-    out, w = cm.scaled_dot_product_attention(q, k, v, mask)
+    out, w = cm.scaled_dot_product_attention(q.copy(), k.copy(), v.copy(), mask.copy())
     assert_close(w, f["weights"], what="attention weights (causal, T=5 queries over S=7 keys)",
                  diagnoses={
                      "softmax(q·kᵀ) with no 1/√d scaling": _naive(q, k, v, mask, 1.0)[1],
@@ -180,7 +173,8 @@ def test_attention_without_mask():
 def test_masked_weights_are_zero_and_rows_sum_to_one():
     f = load_fixture(LAB, "sdpa")
     mask = f["mask"]
-    _, w = cm.scaled_dot_product_attention(f["q"], f["k"], f["v"], mask)
+    _, w = cm.scaled_dot_product_attention(f["q"], f["k"], f["v"], mask.copy())
+    w = assert_ndarray(w, "scaled_dot_product_attention (its weights)", dtype=np.float32, shape=f["weights"].shape)
     leaked = np.broadcast_to(~mask, w.shape) & (np.abs(w) > 1e-7)
     assert not leaked.any(), (
         f"{int(leaked.sum())} attention weights on blocked (future) keys are non-zero: "
@@ -193,11 +187,10 @@ def test_masked_weights_are_zero_and_rows_sum_to_one():
 def test_attention_scale_uses_sqrt_of_head_width():
     rng = np.random.default_rng(7)
     q, k, v = (rng.normal(size=(1, 4, 64)).astype(np.float32) for _ in range(3))
-    _, w = cm.scaled_dot_product_attention(q, k, v)
-    assert_close(w, _naive(q, k, v, None, 1 / 8.0)[1].astype(np.float32),
-                 what="attention weights for d=64", rtol=1e-3,
-                 diagnoses={"no scaling": _naive(q, k, v, None, 1.0)[1],
-                            "scaling by 1/d": _naive(q, k, v, None, 1 / 64)[1]},
+    expected = _naive(q, k, v, None, 1 / 8.0)[1].astype(np.float32)
+    diagnoses = {"no scaling": _naive(q, k, v, None, 1.0)[1], "scaling by 1/d": _naive(q, k, v, None, 1 / 64)[1]}
+    _, w = cm.scaled_dot_product_attention(q.copy(), k.copy(), v.copy())
+    assert_close(w, expected, what="attention weights for d=64", rtol=1e-3, diagnoses=diagnoses,
                  hint="divide the scores by √d = 8, where d is the width of q and k")
 
 
@@ -210,8 +203,8 @@ def test_attention_keeps_float32():
 
 def test_attention_rejects_mismatched_shapes():
     q = np.zeros((2, 3, 4), np.float32)
-    out, _ = cm.scaled_dot_product_attention(q, q, q)
-    assert out.shape == (2, 3, 4), f"attention output must be (..., T, d_v) = (2, 3, 4), got {out.shape}"
+    out, _ = cm.scaled_dot_product_attention(q.copy(), q.copy(), q.copy())
+    assert_ndarray(out, "scaled_dot_product_attention (its output, (..., T, d_v))", dtype=np.float32, shape=(2, 3, 4))
     with raises_clearly(ValueError, when="attention with q width 4 and k width 5", mentions="k"):
         cm.scaled_dot_product_attention(q, np.zeros((2, 3, 5), np.float32), q)
     with raises_clearly(ValueError, when="attention with a (4, 4) mask for (3, 3) scores", mentions="mask"):
@@ -233,7 +226,7 @@ def _self_attention():
 def test_self_attention_matches_reference():
     layer, f = _self_attention()
     out, w = layer(f["x"])
-    w_arr = np.asarray(w)
+    w_arr = assert_ndarray(w, "CausalSelfAttention (its weights)", dtype=np.float32)
     if w_arr.shape == f["weights"].shape and np.any(np.triu(w_arr != 0, 1)):  # says more than a count would
         b, i, j = (int(n) for n in np.argwhere(np.triu(w_arr != 0, 1))[0])
         raise AssertionError(f"CausalSelfAttention weights (B, T, T): in batch row {b}, position {i} attends to "

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gptkit.testing import assert_close, assert_float32, lab, load_fixture, raises_clearly
+from gptkit.testing import assert_close, assert_float32, assert_ndarray, lab, load_fixture, raises_clearly
 
 emb = lab("embeddings")
 LAB = "02_embeddings"
@@ -15,7 +15,7 @@ def _one_table(layer_class, case):
     """A TokenEmbedding or PositionalEmbedding holding the stored case's ``weight``."""
     f = load_fixture(LAB, case)
     layer = layer_class(*f["weight"].shape, rng=np.random.default_rng(0))
-    layer.weight = f["weight"]
+    layer.weight = f["weight"].copy()  # the test's own stays as stored, whatever lab code does to its copy
     return layer, f
 
 
@@ -27,7 +27,7 @@ def _gpt_embedding():
     f = load_fixture(LAB, "gpt_embedding")
     (V, D), L = f["wte"].shape, f["wpe"].shape[0]
     layer = emb.GPTEmbedding(V, L, D, rng=np.random.default_rng(0))
-    layer.wte.weight, layer.wpe.weight = f["wte"], f["wpe"]
+    layer.wte.weight, layer.wpe.weight = f["wte"].copy(), f["wpe"].copy()
     return layer, f
 
 
@@ -44,7 +44,8 @@ def test_token_embedding_looks_up_rows():
 @given(st.lists(st.integers(0, 12), min_size=1, max_size=20))
 def test_token_embedding_row_by_row(ids):
     layer, f = _token_embedding()
-    out = layer(np.array([ids]))
+    out = assert_ndarray(layer(np.array([ids])), "TokenEmbedding(ids)", dtype=np.float32,
+                         shape=(1, len(ids), f["weight"].shape[1]))
     for t, i in enumerate(ids):
         assert np.array_equal(out[0, t], f["weight"][i]), (
             f"TokenEmbedding: position {t} holds id {i} but its vector is not weight[{i}]"
@@ -100,7 +101,8 @@ def test_positional_embedding_slices_positions():
 
 def test_positional_embedding_rejects_positions_past_max_seq_len():
     layer, f = _positional()
-    assert layer(10).shape == (10, 6), "all max_seq_len=10 positions must be usable"
+    assert_ndarray(layer(10), "PositionalEmbedding(10): all max_seq_len=10 positions must be usable",
+                   dtype=np.float32, shape=(10, 6))
     with raises_clearly(ValueError, when="11 positions with max_seq_len=10", mentions="max_seq_len"):
         layer(11)
     with raises_clearly(ValueError, when="positions 8…10 with max_seq_len=10", mentions="max_seq_len"):
@@ -144,7 +146,7 @@ def test_gpt_embedding_adds_tokens_and_positions():
     layer, f = _gpt_embedding()
     ids = f["ids"]
     T = ids.shape[1]
-    out = layer(ids)
+    out = layer(ids.copy())
     assert_close(out, f["out"], what="GPTEmbedding(ids) (B, T, D)",
                  diagnoses={"token embeddings only (positions missing)": f["wte"][ids],
                             "positions 1…T instead of 0…T-1 (off by one)": f["wte"][ids] + f["wpe"][1:T + 1]},
@@ -156,7 +158,7 @@ def test_gpt_embedding_offset():
     layer, f = _gpt_embedding()
     ids = f["ids"]
     T = ids.shape[1]
-    assert_close(layer(ids, offset=2), f["out_offset2"], what="GPTEmbedding(ids, offset=2)",
+    assert_close(layer(ids.copy(), offset=2), f["out_offset2"], what="GPTEmbedding(ids, offset=2)",
                  diagnoses={"positions 0…T-1 (the offset ignored)": f["wte"][ids] + f["wpe"][:T]},
                  hint="with offset=2 the first token sits at position 2")
 

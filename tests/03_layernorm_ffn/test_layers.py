@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from gptkit.testing import assert_close, assert_float32, lab, load_fixture, raises_clearly
+from gptkit.testing import assert_close, assert_float32, assert_ndarray, lab, load_fixture, raises_clearly
 
 L = lab("layers")
 LAB = "03_layernorm_ffn"
@@ -20,9 +20,9 @@ LAB = "03_layernorm_ffn"
 def _linear(bias=True):
     f = load_fixture(LAB, "linear")
     lin = L.Linear(6, 4, bias=bias, rng=np.random.default_rng(0))
-    lin.weight = f["weight"]
+    lin.weight = f["weight"].copy()  # lab code gets copies: the test's own arrays stay as stored
     if bias:
-        lin.bias = f["bias"]
+        lin.bias = f["bias"].copy()
     return lin, f
 
 
@@ -53,7 +53,7 @@ def test_linear_rejects_wrong_width():
 def _layernorm(eps=1e-5):
     f = load_fixture(LAB, "layernorm")
     ln = L.LayerNorm(8, eps=eps)
-    ln.weight, ln.bias = f["weight"], f["bias"]
+    ln.weight, ln.bias = f["weight"].copy(), f["bias"].copy()
     return ln, f
 
 
@@ -69,7 +69,7 @@ def _ln_variants(x, w, b, eps):
 
 def test_layernorm_matches_reference():
     ln, f = _layernorm()
-    y = ln(f["x"])
+    y = ln(f["x"].copy())
     assert_close(y, f["y"], what="LayerNorm(x) with random gain and shift",
                  diagnoses=_ln_variants(f["x"], f["weight"], f["bias"], 1e-5),
                  hint="y = (x - mean) / sqrt(var + eps) * weight + bias over the last axis, "
@@ -79,7 +79,7 @@ def test_layernorm_matches_reference():
 
 def test_layernorm_eps_inside_the_square_root():
     ln, f = _layernorm(eps=1e-3)
-    assert_close(ln(f["tiny"]), f["y_tiny_eps1e-3"], what="LayerNorm of tiny-variance rows, eps=1e-3",
+    assert_close(ln(f["tiny"].copy()), f["y_tiny_eps1e-3"], what="LayerNorm of tiny-variance rows, eps=1e-3",
                  diagnoses=_ln_variants(f["tiny"], f["weight"], f["bias"], 1e-3),
                  hint="eps goes inside the square root: sqrt(var + eps)")
 
@@ -88,7 +88,7 @@ def test_layernorm_eps_inside_the_square_root():
 def test_layernorm_standardises_before_the_affine_part(x):
     x = x + np.linspace(0, 1, 16, dtype=np.float32)  # never a constant row
     ln = L.LayerNorm(16, eps=1e-12)
-    y = ln(x).astype(np.float64)
+    y = assert_ndarray(ln(x), "LayerNorm(16)(x)", dtype=np.float32, shape=x.shape).astype(np.float64)
     assert_close(y.mean(-1), np.zeros(3), what="per-row mean of LayerNorm output (gain 1, shift 0)",
                  atol=1e-4, hint="subtract each row's mean over the last axis")
     assert_close(y.var(-1), np.ones(3), what="per-row variance of LayerNorm output (gain 1, shift 0)",
@@ -108,7 +108,7 @@ def test_layernorm_rejects_wrong_width():
 def test_gelu_is_the_tanh_form():
     f = load_fixture(LAB, "gelu")
     x = f["x"]
-    y = L.gelu(x)
+    y = L.gelu(x.copy())
     assert_close(y, f["tanh"], what="gelu(x) for x in [-4, 4]", atol=2e-6, rtol=1e-5,
                  diagnoses={"the exact erf form: GPT-2 uses the tanh approximation here": f["exact"],
                             "ReLU": np.maximum(x, 0)},
@@ -119,7 +119,7 @@ def test_gelu_is_the_tanh_form():
 def test_gelu_exact_is_the_erf_form():
     f = load_fixture(LAB, "gelu")
     x = f["x"]
-    y = L.gelu_exact(x)
+    y = L.gelu_exact(x.copy())
     assert_close(y, f["exact"], what="gelu_exact(x) for x in [-4, 4]", atol=2e-6, rtol=1e-5,
                  diagnoses={"the tanh approximation": f["tanh"], "ReLU": np.maximum(x, 0)},
                  hint="gelu_exact(x) = 0.5·x·(1 + erf(x/√2))")
@@ -130,8 +130,8 @@ def test_gelu_exact_is_the_erf_form():
 def test_gelu_pointwise(v):
     x = np.array([v], dtype=np.float64)
     expected = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
-    assert_close(L.gelu(x), expected, what=f"gelu({v:.4g})", atol=1e-9, rtol=1e-7)
-    assert_close(L.gelu_exact(x), 0.5 * x * (1 + scipy.special.erf(x / math.sqrt(2))),
+    assert_close(L.gelu(x.copy()), expected, what=f"gelu({v:.4g})", atol=1e-9, rtol=1e-7)
+    assert_close(L.gelu_exact(x.copy()), 0.5 * x * (1 + scipy.special.erf(x / math.sqrt(2))),
                  what=f"gelu_exact({v:.4g})", atol=1e-9, rtol=1e-7)
 
 
@@ -141,12 +141,12 @@ def test_dropout_is_identity_in_eval_mode():
     x = np.random.default_rng(1).normal(size=(4, 50)).astype(np.float32)
     d = L.Dropout(0.5, rng=np.random.default_rng(0))
     assert d.training is False, "layers start in eval mode (training=False)"
-    assert_close(d(x), x, what="Dropout(0.5) in eval mode", atol=0, rtol=0,
+    assert_close(d(x.copy()), x, what="Dropout(0.5) in eval mode", atol=0, rtol=0,
                  hint="dropout must do nothing in eval mode (training=False)")
     d.train()
-    d(x)
+    d(x.copy())
     d.eval()
-    assert_close(d(x), x, what="Dropout(0.5) after .train() then .eval()", atol=0, rtol=0,
+    assert_close(d(x.copy()), x, what="Dropout(0.5) after .train() then .eval()", atol=0, rtol=0,
                  hint="dropout must do nothing in eval mode (training=False)")
 
 
@@ -154,8 +154,7 @@ def test_dropout_is_identity_in_eval_mode():
 def test_dropout_in_training_zeroes_p_and_rescales(p):
     x = np.full((200, 500), 3.0, np.float32)
     d = L.Dropout(p, rng=np.random.default_rng(42)).train()
-    y = d(x)
-    assert isinstance(y, np.ndarray) and y.shape == x.shape, "Dropout must keep the input's shape"
+    y = assert_ndarray(d(x.copy()), f"Dropout({p}) in training", dtype=np.float32, shape=x.shape)
     assert_float32(y, "Dropout output in training")
     dropped = float(np.mean(y == 0))
     assert abs(dropped - p) < 0.01, (
@@ -169,15 +168,17 @@ def test_dropout_in_training_zeroes_p_and_rescales(p):
 
 def test_dropout_is_reproducible_with_a_seeded_generator():
     x = np.ones((8, 8), np.float32)
-    a = L.Dropout(0.5, rng=np.random.default_rng(9)).train()(x)
-    b = L.Dropout(0.5, rng=np.random.default_rng(9)).train()(x)
+    a = assert_ndarray(L.Dropout(0.5, rng=np.random.default_rng(9)).train()(x.copy()), "Dropout(0.5) in training",
+                       dtype=np.float32, shape=x.shape)
+    b = assert_ndarray(L.Dropout(0.5, rng=np.random.default_rng(9)).train()(x.copy()), "Dropout(0.5) in training",
+                       dtype=np.float32, shape=x.shape)
     assert np.array_equal(a, b), "two Dropout layers with identically seeded generators must drop the same elements"
     assert not np.array_equal(a, x), "Dropout(0.5) in training must drop something"
 
 
 def test_dropout_probability_zero_and_bad_p():
     x = np.ones((3, 3), np.float32)
-    assert_close(L.Dropout(0.0, rng=np.random.default_rng(0)).train()(x), x,
+    assert_close(L.Dropout(0.0, rng=np.random.default_rng(0)).train()(x.copy()), x,
                  what="Dropout(0.0) in training", atol=0, rtol=0)
     with raises_clearly(ValueError, when="Dropout(1.5)", mentions="p"):
         L.Dropout(1.5)
@@ -188,8 +189,8 @@ def test_dropout_probability_zero_and_bad_p():
 def _feedforward(dropout=0.0):
     f = load_fixture(LAB, "feedforward")
     ff = L.FeedForward(6, 24, dropout=dropout, rng=np.random.default_rng(0))
-    ff.c_fc.weight, ff.c_fc.bias = f["c_fc.weight"], f["c_fc.bias"]
-    ff.c_proj.weight, ff.c_proj.bias = f["c_proj.weight"], f["c_proj.bias"]
+    ff.c_fc.weight, ff.c_fc.bias = f["c_fc.weight"].copy(), f["c_fc.bias"].copy()
+    ff.c_proj.weight, ff.c_proj.bias = f["c_proj.weight"].copy(), f["c_proj.bias"].copy()
     return ff, f
 
 
@@ -198,7 +199,7 @@ def test_feedforward_matches_reference():
     x = f["x"]
     h = x.astype(np.float64) @ f["c_fc.weight"] + f["c_fc.bias"]
     proj = lambda a: a @ f["c_proj.weight"] + f["c_proj.bias"]  # noqa: E731
-    y = ff(x)
+    y = ff(x.copy())
     assert_close(y, f["y"], what="FeedForward(x)",
                  diagnoses={"ReLU instead of GELU": proj(np.maximum(h, 0)),
                             "the exact (erf) GELU instead of GPT-2's tanh form":
@@ -211,15 +212,15 @@ def test_feedforward_matches_reference():
 def test_feedforward_dropout_follows_train_and_eval():
     ff, f = _feedforward(dropout=0.5)
     x = f["x"]
-    assert_close(ff(x), f["y"], what="FeedForward(dropout=0.5) in eval mode",
+    assert_close(ff(x.copy()), f["y"], what="FeedForward(dropout=0.5) in eval mode",
                  hint="in eval mode dropout is off: the output must be deterministic")
     ff.train()
     assert ff.dropout.training, "FeedForward.train() must put its dropout in training mode"
-    y = ff(x)
+    y = assert_ndarray(ff(x.copy()), "FeedForward(dropout=0.5) in training", dtype=np.float32, shape=x.shape)
     zeros = float(np.mean(y == 0))
     assert zeros > 0.2, (
         f"FeedForward(dropout=0.5) in training mode zeroed only {zeros:.0%} of its outputs: "
         "apply dropout to the output of c_proj"
     )
     ff.eval()
-    assert_close(ff(x), f["y"], what="FeedForward after .eval()")
+    assert_close(ff(x.copy()), f["y"], what="FeedForward after .eval()")

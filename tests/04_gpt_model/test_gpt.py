@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gptkit.testing import (assert_causal, assert_close, assert_rejects_bad_x, assert_float32, first_difference,
+from gptkit.testing import (assert_causal, assert_close, assert_float32, assert_ndarray, assert_rejects_bad_x, first_difference,
                             fixture_params, lab, load_fixture, raises_clearly, stored_diagnoses)
 from gptkit.testing.parameters import set_parameters
 
@@ -66,9 +66,8 @@ def test_merge_heads_puts_head_h_back_at_its_columns():
     x = np.zeros((B, H, T, d), np.float32)
     x += np.arange(H, dtype=np.float32)[None, :, None, None] * 100 + np.arange(d, dtype=np.float32)
     x += np.arange(T, dtype=np.float32)[None, None, :, None] * 10
-    merged = layer.merge_heads(x)
-    assert isinstance(merged, np.ndarray) and merged.shape == (B, T, D), (
-        f"merge_heads must return (B, T, D) = {(B, T, D)}, got {getattr(merged, 'shape', type(merged).__name__)}")
+    merged = assert_ndarray(layer.merge_heads(x.copy()), "merge_heads (B, H, T, d_head) → (B, T, D)",
+                            dtype=np.float32, shape=(B, T, D))
     for c in range(D):
         h, j = divmod(c, d)
         if not np.array_equal(merged[:, :, c], x[:, h, :, j]):
@@ -82,9 +81,8 @@ def test_merge_heads_puts_head_h_back_at_its_columns():
 def test_merge_heads_inverts_split_heads(heads, d_head, T, B):
     layer = G.MultiHeadAttention(heads * d_head, heads, rng=np.random.default_rng(0))
     x = np.random.default_rng(T).normal(size=(B, T, heads * d_head)).astype(np.float32)
-    split = layer.split_heads(x)
-    assert split.shape == (B, heads, T, d_head), (
-        f"split_heads must give (B, H, T, d_head) = {(B, heads, T, d_head)}, got {split.shape}")
+    split = assert_ndarray(layer.split_heads(x.copy()), "split_heads (B, T, D) → (B, H, T, d_head)",
+                           dtype=np.float32, shape=(B, heads, T, d_head))
     assert_close(layer.merge_heads(split), x, what="merge_heads(split_heads(x))", atol=0, rtol=0,
                  hint="merge_heads must undo split_heads exactly")
 
@@ -131,8 +129,9 @@ def test_attend_on_long_sequences(T, S):
     rng = np.random.default_rng(T + S)
     q = rng.normal(size=(1, H, T, D // H)).astype(np.float32)
     k, v = rng.normal(size=(2, 1, H, S, D // H)).astype(np.float32)
-    out = layer.attend(q, k, v)
-    assert_close(out, _attention_float64(q, k, v), what=f"attend for T = {T} queries over S = {S} keys",
+    expected = _attention_float64(q, k, v)  # before the call, from the test's own arrays
+    out = layer.attend(q.copy(), k.copy(), v.copy())
+    assert_close(out, expected, what=f"attend for T = {T} queries over S = {S} keys",
                  hint="softmax(q·kᵀ/√d_head + causal mask) @ v at every position; query i sits at "
                       "position S - T + i and sees keys 0 … S - T + i")
     assert_float32(out, "attend output")
@@ -143,7 +142,8 @@ def test_attend_never_looks_at_future_keys(t, seed):
     layer, _ = _mha()
     f = load_fixture(LAB, "attend")
     q, k, v = f["q"], f["k"], f["v"]
-    out = layer.attend(q, k, v)
+    out = assert_ndarray(layer.attend(q.copy(), k.copy(), v.copy()), "attend(q, k, v)", dtype=np.float32,
+                         shape=q.shape)
     rng = np.random.default_rng(seed)
     k2, v2 = k.copy(), v.copy()
     k2[:, :, t + 1:] = rng.normal(size=k2[:, :, t + 1:].shape)

@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from gptkit.testing import (assert_close, assert_float32, checkpoint_on_disk, explains_errors, first_difference,
-                            fixture_params, lab, raises_clearly)
+from gptkit.testing import (arguments_written_back, assert_close, assert_float32, assert_ndarray, checkpoint_on_disk,
+                            explains_errors, first_difference, fixture_params, lab, raises_clearly)
 from gptkit.checkpoints import safetensors_bytes
 
 W = lab("gpt2_weights")
@@ -164,10 +164,9 @@ def test_generate_greedy_matches_huggingface(tmp_path, case):
     folder, f = checkpoint_on_disk(tmp_path, LAB, case)
     model = W.load_gpt2(folder)
     prompt = f["prompt"].copy()
-    out = W.generate_greedy(model, prompt, f["greedy"].shape[1] - prompt.shape[1])
-    assert isinstance(out, np.ndarray) and out.shape == f["greedy"].shape, (
-        f"generate_greedy must return (B, T + n) = {f['greedy'].shape}, got {getattr(out, 'shape', type(out).__name__)}")
-    assert out.dtype.kind in "iu", f"generate_greedy must return integer token ids, got {out.dtype}"
+    with arguments_written_back():  # to see whether it changes the prompt
+        out = W.generate_greedy(model, prompt, f["greedy"].shape[1] - prompt.shape[1])
+    assert_ndarray(out, "generate_greedy (integer token ids, (B, T + n))", dtype="iu", shape=f["greedy"].shape)
     assert np.array_equal(prompt, f["prompt"]), "generate_greedy must not modify the caller's prompt"
     wrong = np.argwhere(out != f["greedy"])
     if len(wrong):
@@ -181,11 +180,13 @@ def test_generate_greedy_matches_huggingface(tmp_path, case):
 def test_generate_greedy_edge_cases(tmp_path):
     folder, f = checkpoint_on_disk(tmp_path, LAB, "hf_layout")
     model = W.load_gpt2(folder)
-    prompt = f["prompt"]
-    same = W.generate_greedy(model, prompt, 0)
-    assert np.array_equal(same, prompt), "generate_greedy(model, prompt, 0) must return the prompt unchanged"
-    one = W.generate_greedy(model, prompt[:1, :1], 3)
-    assert one.shape == (1, 4), f"one token of prompt plus 3 new ones is (1, 4), got {one.shape}"
+    prompt = f["prompt"]  # each f["prompt"] is a new copy: lab code never gets the test's own
+    same = W.generate_greedy(model, f["prompt"], 0)
+    assert np.array_equal(assert_ndarray(same, "generate_greedy(model, prompt, 0)", dtype="iu"), prompt), (
+        "generate_greedy(model, prompt, 0) must return the prompt unchanged")
+    one = W.generate_greedy(model, prompt[:1, :1].copy(), 3)
+    assert_ndarray(one, "generate_greedy(model, prompt[:1, :1], 3): one token of prompt plus 3 new ones",
+                   dtype="iu", shape=(1, 4))
     limit = model.max_seq_len
     with raises_clearly(ValueError, when=f"generating past max_seq_len={limit}", mentions="max_seq_len"):
         W.generate_greedy(model, prompt, limit)

@@ -82,10 +82,11 @@ def test_save_pretrained_checkpoint_matches(tmp_path, name):
     hf.save_pretrained(tmp_path)
     model = W.load_gpt2(tmp_path)
     ids = np.random.default_rng(1).integers(0, shape.vocab_size, (2, shape.max_seq_len))
-    assert_close(model(ids), _hf_logits(hf, ids), what=f"logits vs HuggingFace ({name})", atol=1e-4, rtol=1e-4)
+    expected = _hf_logits(hf, ids)  # before lab code sees ids, which it gets copies of
+    assert_close(model(ids.copy()), expected, what=f"logits vs HuggingFace ({name})", atol=1e-4, rtol=1e-4)
     prompt = ids[:, :5]
-    ours = W.generate_greedy(model, prompt, 10)
     theirs = _hf_greedy(hf, prompt, 10)
+    ours = W.generate_greedy(model, prompt.copy(), 10)
     assert np.array_equal(ours, theirs), f"greedy tokens differ from generate() ({name}): {_first_difference(ours, theirs)}"
 
 
@@ -104,7 +105,8 @@ def test_gpt2_small_shaped_logits_match_to_1e3(gpt2_small_random):
     assert model.num_parameters() == sum(p.numel() for p in hf.transformer.parameters()), (
         "the loaded model must have exactly GPT-2 small's 124M parameters")
     ids = np.random.default_rng(2).integers(0, GPT2_SMALL.vocab_size, (2, 64))
-    ours, theirs = model(ids), _hf_logits(hf, ids)
+    theirs = _hf_logits(hf, ids)
+    ours = model(ids.copy())
     if not np.allclose(ours, theirs, atol=1e-3, rtol=0):
         diagnoses = {EXACT_GELU: _exact_gelu_logits(hf, ids)}
     else:
@@ -117,7 +119,8 @@ def test_gpt2_small_shaped_greedy_20_tokens(gpt2_small_random):
     folder, hf = gpt2_small_random
     model = W.load_gpt2(folder)
     prompt = np.array([[464, 3290], [50256, 11]])
-    ours, theirs = W.generate_greedy(model, prompt, 20), _hf_greedy(hf, prompt, 20)
+    theirs = _hf_greedy(hf, prompt, 20)
+    ours = W.generate_greedy(model, prompt.copy(), 20)
     assert np.array_equal(ours, theirs), f"20 greedy tokens differ from generate(): {_first_difference(ours, theirs)}"
 
 

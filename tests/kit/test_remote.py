@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gptkit.testing import next_item, remote, same_object, shares_memory
+from gptkit.testing import arguments_written_back, next_item, remote, same_object, shares_memory
 from gptkit.testing.layout import KIT_ROOT
 from grader.sandbox import runner
 
@@ -56,6 +56,10 @@ def scale_in_place(x, k):
     return None
 
 def identity(x):
+    return x
+
+def scaled_and_returned(x, k):
+    x *= k
     return x
 
 def draw(rng, n):
@@ -200,8 +204,17 @@ def test_containers_a_student_may_return(lab):
 def test_changes_to_arguments_and_identity(lab):
     x = np.ones(3, np.float32)
     assert lab.scale_in_place(x, 2.0) is None
-    assert x.tolist() == [2, 2, 2], "an argument changed in place by lab code changes for the test too"
+    assert x.tolist() == [1, 1, 1], "lab code gets arguments by value: the test's own array never changes"
+    with arguments_written_back():
+        assert lab.scale_in_place(x, 2.0) is None
+    assert x.tolist() == [2, 2, 2], "asked for, an argument changed in place by lab code changes for the test too"
+    assert lab.scale_in_place(x, 2.0) is None
+    assert x.tolist() == [2, 2, 2], "only within the block"
     assert lab.identity(x) is x, "lab code returning its argument returns the test's own array"
+    y = np.ones(3, np.float32)
+    back = lab.scaled_and_returned(y, 3.0)
+    assert y.tolist() == [1, 1, 1] and back.tolist() == [3, 3, 3], (
+        "an argument changed in place and returned: the test gets what lab code returned, its own array stays")
     buf = lab.Buffer(3)
     buf.length = 2
     assert same_object(buf.data, buf.data) and not same_object(buf.data, buf.view())

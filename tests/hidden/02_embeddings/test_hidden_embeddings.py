@@ -11,11 +11,12 @@ def test_sum_with_offset_on_a_large_table():
     rng = np.random.default_rng(77)
     V, L, D = 500, 64, 24
     layer = emb.GPTEmbedding(V, L, D, rng=rng)
-    layer.wte.weight = rng.normal(size=(V, D)).astype(np.float32)
-    layer.wpe.weight = rng.normal(size=(L, D)).astype(np.float32)
+    wte, wpe = rng.normal(size=(V, D)).astype(np.float32), rng.normal(size=(L, D)).astype(np.float32)
+    layer.wte.weight, layer.wpe.weight = wte.copy(), wpe.copy()
     ids = rng.integers(0, V, size=(4, 20))
-    out = layer(ids, offset=40)
-    assert_close(out, layer.wte.weight[ids] + layer.wpe.weight[40:60], what="GPTEmbedding with offset 40")
+    expected = wte[ids] + wpe[40:60]  # from the test's own arrays, before the call
+    out = layer(ids.copy(), offset=40)
+    assert_close(out, expected, what="GPTEmbedding with offset 40")
 
 
 def test_sinusoid_matches_closed_form():

@@ -54,4 +54,5 @@ def test_one_query_over_many_keys():
     k, v = (rng.normal(size=(2, 2, 9, 6)).astype(np.float32) for _ in range(2))
     s = q.astype(np.float64) @ k.swapaxes(-1, -2) / np.sqrt(6)  # the one query sits last: it sees every key
     w = np.exp(s - s.max(-1, keepdims=True))
-    assert_close(layer.attend(q, k, v), (w / w.sum(-1, keepdims=True)) @ v, what="attend, T=1 over S=9 keys")
+    expected = (w / w.sum(-1, keepdims=True)) @ v  # before the call, from the test's own arrays
+    assert_close(layer.attend(q.copy(), k.copy(), v.copy()), expected, what="attend, T=1 over S=9 keys")

@@ -35,7 +35,7 @@ def test_round_trip_of_a_fresh_checkpoint(tmp_path):
 def test_greedy_follows_the_models_own_argmax(tmp_path):
     model = W.load_gpt2(_write(tmp_path, random_gpt2_state(SHAPE, np.random.default_rng(5051)), prefix=""))
     prompt = np.array([[3, 1, 4], [1, 5, 9]])
-    out = W.generate_greedy(model, prompt, 6)
+    out = W.generate_greedy(model, prompt.copy(), 6)
     for t in range(3, 9):
-        expected = model(out[:, :t])[:, -1].argmax(-1)
+        expected = model(out[:, :t].copy())[:, -1].argmax(-1)
         assert np.array_equal(out[:, t], expected), f"token {t} is not the argmax of the logits at position {t - 1}"
