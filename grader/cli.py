@@ -205,7 +205,7 @@ def cmd_tolerances(args) -> int:
     try:
         cert = tolerances.run(_labs(args.labs), variants, kernels, threads, live=live, bugs=not args.no_bugs,
                               log=lambda m: print(m, file=sys.stderr), jobs=args.jobs,
-                              cache=Path(args.cache) if args.cache else None)
+                              cache=Path(args.cache) if args.cache else None, bug_labs=_labs(args.bug_labs))
     except ValueError as exc:
         print(f"grader tolerances: {exc}", file=sys.stderr)
         return 2
@@ -299,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", help="comma-separated OPENBLAS_NUM_THREADS values (default 1,2,7,16; '' for none)")
     s.add_argument("--live", action="store_true", help="include the live PyTorch/HuggingFace tests (torch installed)")
     s.add_argument("--no-bugs", action="store_true", help="measure the correct variants only")
+    s.add_argument("--bug-labs", help="comma-separated labs whose catalogued bugs to run (default: those of --labs)")
     s.add_argument("--jobs", type=int, default=1, help="bugs run in parallel (default 1)")
     s.add_argument("--cache", metavar="DIR", help="keep each run's records in DIR and reuse them: a long panel "
                                                   "can run in parts")

@@ -22,7 +22,7 @@ The panel of correct implementations (``--variants``):
   by the layers it is given, as float64 copies, and gives float32 back);
 - ``functional``, ``objects``: the honest corpus (tests/grader/honest), written
   independently in two styles;
-- each entry of ``grader/tolerances.toml``: an alternative formulation written as
+- each entry of ``solutions/tolerances.toml``: an alternative formulation written as
   a small edit of the reference (one-pass variance, einsum for @, …);
 - ``kernel-<name>``: the reference under each OpenBLAS kernel this machine runs
   (``OPENBLAS_CORETYPE``; the kernel that really runs is read back with threadpoolctl);
@@ -60,7 +60,7 @@ CORRECT_MARGIN = 0.1  # a correct implementation uses at most this share of the 
 BUG_MARGIN = 10.0  # a bug that fails a comparison by tolerance exceeds the bound this many times
 REPORT_JSON = KIT_ROOT / "docs" / "tolerances.json"
 REPORT_MD = KIT_ROOT / "docs" / "tolerances.md"
-SETTINGS_TOML = KIT_ROOT / "grader" / "tolerances.toml"
+SETTINGS_TOML = KIT_ROOT / "solutions" / "tolerances.toml"  # beside the solutions: it quotes them
 HONEST = KIT_ROOT / "tests" / "grader" / "honest"
 KERNELS = ("Haswell", "SkylakeX", "Zen", "Sandybridge", "Nehalem", "Prescott")
 THREADS = (1, 2, 7, 16)
@@ -184,7 +184,7 @@ def promote_module(name: str) -> None:
     results back; arrays it wrote into are written back in float32. Only the outermost
     call converts, so the whole computation below it runs in float64 (a constant a
     solution writes as ``np.float32`` stays float32). The names under ``[float64] keep``
-    in grader/tolerances.toml are left alone (they write files, or return views of what
+    in solutions/tolerances.toml are left alone (they write files, or return views of what
     a layer keeps)."""
     module = sys.modules[name]
     _LAB_MODULES.add(name)
@@ -224,6 +224,12 @@ class Variant:
     what: str
     tree: Callable[[Path], Path]  # builds (or names) the implementation tree in a scratch folder
     env: dict = field(default_factory=dict)
+    labs: list[str] | None = None  # the labs it is measured on (None: every lab asked for)
+
+    def labs_within(self, labs: list[str] | None) -> list[str] | None:
+        if self.labs is None:
+            return labs
+        return [lab for lab in self.labs if selected(lab, labs)]
 
 
 def _edit_tree(edits: tuple[catalogue.Edit, ...], name: str) -> Callable[[Path], Path]:
@@ -245,7 +251,8 @@ def formulation_variants(path: Path = SETTINGS_TOML) -> list[Variant]:
     for entry in _settings(path).get("variant", []):
         raw = entry.get("edits") or [{"find": entry["find"], "replace": entry["replace"]}]
         edits = tuple(catalogue.Edit(e.get("file", entry.get("file", "")), e["find"], e["replace"]) for e in raw)
-        out.append(Variant(entry["id"], entry["what"], _edit_tree(edits, entry["id"])))
+        labs = entry.get("labs") or sorted({e.file.split("/")[0] for e in edits})
+        out.append(Variant(entry["id"], entry["what"], _edit_tree(edits, entry["id"]), labs=labs))
     return out
 
 
@@ -313,6 +320,7 @@ class Measured:
     failed: list[str] = field(default_factory=list)
     seconds: float = 0.0
     output: str = ""
+    labs: list[str] | None = None  # the labs measured (None: all)
 
 
 def read_log(path: Path) -> dict[str, dict]:
@@ -349,7 +357,7 @@ def measure(tree: Path, labs: list[str] | None, live: bool, env: dict | None = N
         start = time.monotonic()
         _, results, output = run_pytest(tree, marker, args=test_paths(labs), timeout=RUN_SECONDS,
                                         env={**(env or {}), ENV: str(log)})
-        m = Measured(read_log(log), seconds=time.monotonic() - start, output=output[-3000:])
+        m = Measured(read_log(log), seconds=time.monotonic() - start, output=output[-3000:], labs=labs)
     m.failed = [r.nodeid for r in results if r.outcome in ("failed", "error")]
     return m
 
@@ -457,14 +465,18 @@ def _cached(cache: Path | None, name: str, make: Callable[[], Measured]) -> Meas
 
 def run(labs: list[str] | None = None, variants: list[str] | None = None, kernels=KERNELS, threads=THREADS,
         live: bool = False, bugs: bool = True, log: Callable[[str], None] = print, cache: Path | None = None,
-        jobs: int = 1) -> Certificate:
+        jobs: int = 1, bug_labs: list[str] | None = None) -> Certificate:
     correct: dict[str, Measured] = {}
     panel_info = []
     with tempfile.TemporaryDirectory(prefix="kit-tol-trees-") as tmp:
         for v in panel(variants, kernels, threads):
-            m = _cached(cache, f"variant-{v.id}", lambda v=v: measure(v.tree(Path(tmp)), labs, live, v.env))
+            if v.labs_within(labs) == []:
+                continue
+            m = _cached(cache, f"variant-{v.id}", lambda v=v: measure(v.tree(Path(tmp)), v.labs_within(labs), live,
+                                                                       v.env))
             correct[v.id] = m
-            panel_info.append({"id": v.id, "what": v.what, "env": v.env, "seconds": round(m.seconds, 1),
+            panel_info.append({"id": v.id, "what": v.what, "env": v.env, "labs": m.labs or "all",
+                               "seconds": round(m.seconds, 1),
                                "comparisons": len(m.worst), "failed_tests": m.failed})
             log(f"{v.id:24} {m.seconds:6.1f} s  {len(m.worst):4} comparisons  "
                 + (f"{len(m.failed)} test(s) FAILED: {', '.join(m.failed[:3])}" if m.failed else "all tests pass"))
@@ -472,7 +484,8 @@ def run(labs: list[str] | None = None, variants: list[str] | None = None, kernel
     bug_runs: dict[str, Measured] = {}
     bug_info = []
     if bugs:
-        todo = [b for b in catalogue.load_catalogue(labs=labs) if b.lab in measured_labs and (live or not b.live)]
+        todo = [b for b in catalogue.load_catalogue(labs=bug_labs or labs)
+                if b.lab in measured_labs and (live or not b.live)]
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             done = pool.map(lambda b: _cached(cache, f"bug-{b.name}", lambda: measure_bug(b, live)), todo)
         for bug, m in zip(todo, done):
@@ -500,12 +513,15 @@ def render_markdown(cert: dict) -> str:
         + (f", torch {m['torch']}" if m.get("torch") else "") + ". Live (torch) tests "
         + ("included." if cert["live"] else "not included: the stored-fixture and property tests alone."),
         "",
-        "| variant | what | seconds | comparisons | failed tests |",
-        "|---|---|---:|---:|---|",
+        "| variant | what | labs | seconds | comparisons | failed tests |",
+        "|---|---|---|---:|---:|---|",
     ]
     for p in cert["panel"]:
         failed = ", ".join(f"`{t}`" for t in p["failed_tests"][:3]) + (" …" if len(p["failed_tests"]) > 3 else "")
-        lines.append(f"| `{p['id']}` | {p['what']} | {p['seconds']:.0f} | {p['comparisons']} | {failed or 'none'} |")
+        labs = p.get("labs", "all")
+        labs = labs if isinstance(labs, str) else ", ".join(lab[:2] for lab in labs)
+        lines.append(f"| `{p['id']}` | {p['what']} | {labs} | {p['seconds']:.0f} | {p['comparisons']} | "
+                     f"{failed or 'none'} |")
     lines += ["", f"{len(cert['bugs'])} catalogued bugs run "
               f"({sum(b['seconds'] for b in cert['bugs']):.0f} s in all).", ""]
     rows = cert["comparisons"]
@@ -514,8 +530,14 @@ def render_markdown(cert: dict) -> str:
     by_lab: dict[str, list] = {}
     for key, r in rows.items():
         by_lab.setdefault(r["lab"], []).append(r)
+    ran = {b["id"].split("/", 1)[0] for b in cert["bugs"]}
     for lab, group in sorted(by_lab.items()):
+        n = sum(1 for b in cert["bugs"] if b["id"].startswith(lab + "/"))
         lines += [f"### {lab}", "",
+                  (f"{n} catalogued bugs run: the bug column is the smallest ratio of a bug that fails the comparison "
+                   "by tolerance (— where none does)." if lab in ran else
+                   "**The catalogued bugs were not run for this lab**: the bug column is empty, the margin against "
+                   "bugs unmeasured."), "",
                   "| test · what | atol | rtol | worst correct (÷ bound) | by | smallest bug (÷ bound) | by | verdict |",
                   "|---|---:|---:|---:|---|---:|---|---|"]
         for r in group:
