@@ -54,7 +54,7 @@ def test_logits_match_marian_on_padded_batches(name):
         expected = hf(input_ids=to_torch(src), attention_mask=to_torch((src != shape.pad_id).astype(np.int64)),
                       decoder_input_ids=to_torch(tgt), decoder_attention_mask=to_torch(tgt_keep.astype(np.int64))).logits
     assert_close(model(src, tgt, tgt_keep=tgt_keep), to_numpy(expected), what=f"logits vs MarianMTModel ({name})",
-                 atol=1e-4, rtol=1e-4)
+                 atol=2e-3, rtol=2e-3)
 
 
 @pytest.mark.parametrize("name", SHAPES)
