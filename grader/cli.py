@@ -205,7 +205,8 @@ def cmd_tolerances(args) -> int:
     try:
         cert = tolerances.run(_labs(args.labs), variants, kernels, threads, live=live, bugs=not args.no_bugs,
                               log=lambda m: print(m, file=sys.stderr), jobs=args.jobs,
-                              cache=Path(args.cache) if args.cache else None, bug_labs=_labs(args.bug_labs))
+                              cache=Path(args.cache) if args.cache else None, bug_labs=_labs(args.bug_labs),
+                              cached_bugs_only=args.cached_bugs_only)
     except ValueError as exc:
         print(f"grader tolerances: {exc}", file=sys.stderr)
         return 2
@@ -303,6 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--jobs", type=int, default=1, help="bugs run in parallel (default 1)")
     s.add_argument("--cache", metavar="DIR", help="keep each run's records in DIR and reuse them: a long panel "
                                                   "can run in parts")
+    s.add_argument("--cached-bugs-only", action="store_true", help="use only the bug runs kept in --cache (a panel "
+                                                                   "run in parts); the others are reported as not run")
     s.add_argument("--write", action="store_true", help="write docs/tolerances.md (below its prose) and "
                                                         "docs/tolerances.json")
     s.set_defaults(func=cmd_tolerances)

@@ -440,20 +440,25 @@ class Certificate:
     bugs: list[dict]
     labs: list[str] | None
     live: bool
+    catalogued: dict[str, int] = field(default_factory=dict)  # per lab: the bugs that could run
 
     def to_json(self) -> dict:
         return {"margins": {"correct_at_most": CORRECT_MARGIN, "bug_at_least": BUG_MARGIN},
                 "machine": self.machine, "labs": self.labs or "all", "live": self.live,
-                "panel": self.panel, "bugs": self.bugs, "comparisons": self.rows}
+                "panel": self.panel, "bugs": self.bugs, "catalogued": self.catalogued, "comparisons": self.rows}
 
     @property
     def broken(self) -> list[str]:
         return [k for k, r in self.rows.items() if r["status"] != "certified" and not r.get("accepted")]
 
 
+def _cache_path(cache: Path, name: str) -> Path:
+    return cache / (re.sub(r"[^A-Za-z0-9_.-]+", "_", name) + ".json")
+
+
 def _cached(cache: Path | None, name: str, make: Callable[[], Measured]) -> Measured:
     """``make()``, or its result kept in ``cache`` by an earlier run (``--cache DIR``)."""
-    path = cache / (re.sub(r"[^A-Za-z0-9_.-]+", "_", name) + ".json") if cache else None
+    path = _cache_path(cache, name) if cache else None
     if path and path.is_file():
         return Measured(**json.loads(path.read_text(encoding="utf-8")))
     m = make()
@@ -465,7 +470,7 @@ def _cached(cache: Path | None, name: str, make: Callable[[], Measured]) -> Meas
 
 def run(labs: list[str] | None = None, variants: list[str] | None = None, kernels=KERNELS, threads=THREADS,
         live: bool = False, bugs: bool = True, log: Callable[[str], None] = print, cache: Path | None = None,
-        jobs: int = 1, bug_labs: list[str] | None = None) -> Certificate:
+        jobs: int = 1, bug_labs: list[str] | None = None, cached_bugs_only: bool = False) -> Certificate:
     correct: dict[str, Measured] = {}
     panel_info = []
     with tempfile.TemporaryDirectory(prefix="kit-tol-trees-") as tmp:
@@ -483,17 +488,22 @@ def run(labs: list[str] | None = None, variants: list[str] | None = None, kernel
     measured_labs = {lab_of(w["test"]) for m in correct.values() for w in m.worst.values()}
     bug_runs: dict[str, Measured] = {}
     bug_info = []
+    catalogued: dict[str, int] = {}
     if bugs:
         todo = [b for b in catalogue.load_catalogue(labs=bug_labs or labs)
                 if b.lab in measured_labs and (live or not b.live)]
+        catalogued = {lab: sum(1 for b in todo if b.lab == lab) for lab in measured_labs}
+        if cached_bugs_only and cache:
+            todo = [b for b in todo if _cache_path(cache, f"bug-{b.name}").is_file()]
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             done = pool.map(lambda b: _cached(cache, f"bug-{b.name}", lambda: measure_bug(b, live)), todo)
         for bug, m in zip(todo, done):
             bug_runs[bug.name] = m
             failing = sorted(k for k, w in m.worst.items() if w["ratio"] > 1)
-            bug_info.append({"id": bug.name, "seconds": round(m.seconds, 1), "fails_by_tolerance": len(failing)})
+            bug_info.append({"id": bug.name, "seconds": round(m.seconds, 1), "fails_by_tolerance": len(failing),
+                             "failed_tests": len(m.failed)})
             log(f"{bug.name:48} {m.seconds:6.1f} s  fails {len(failing)} comparison(s) by tolerance")
-    return Certificate(certify(correct, bug_runs), machine(), panel_info, bug_info, labs, live)
+    return Certificate(certify(correct, bug_runs), machine(), panel_info, bug_info, labs, live, catalogued)
 
 
 # -- reports ---------------------------------------------------------------------------------
@@ -522,8 +532,10 @@ def render_markdown(cert: dict) -> str:
         labs = labs if isinstance(labs, str) else ", ".join(lab[:2] for lab in labs)
         lines.append(f"| `{p['id']}` | {p['what']} | {labs} | {p['seconds']:.0f} | {p['comparisons']} | "
                      f"{failed or 'none'} |")
+    missed = [b["id"] for b in cert["bugs"] if not b.get("failed_tests")]
     lines += ["", f"{len(cert['bugs'])} catalogued bugs run "
-              f"({sum(b['seconds'] for b in cert['bugs']):.0f} s in all).", ""]
+              f"({sum(b['seconds'] for b in cert['bugs']):.0f} s in all): "
+              + (f"**no test fails with {', '.join(missed)}**." if missed else "each makes at least one test fail."), ""]
     rows = cert["comparisons"]
     broken = {k: r for k, r in rows.items() if r["status"] != "certified"}
     lines += [f"{len(rows) - len(broken)} of {len(rows)} comparisons certified.", ""]
@@ -533,8 +545,9 @@ def render_markdown(cert: dict) -> str:
     ran = {b["id"].split("/", 1)[0] for b in cert["bugs"]}
     for lab, group in sorted(by_lab.items()):
         n = sum(1 for b in cert["bugs"] if b["id"].startswith(lab + "/"))
+        of = cert.get("catalogued", {}).get(lab, n)
         lines += [f"### {lab}", "",
-                  (f"{n} catalogued bugs run: the bug column is the smallest ratio of a bug that fails the comparison "
+                  (f"{n} of {of} catalogued bugs run: the bug column is the smallest ratio of a bug that fails the comparison "
                    "by tolerance (— where none does)." if lab in ran else
                    "**The catalogued bugs were not run for this lab**: the bug column is empty, the margin against "
                    "bugs unmeasured."), "",
