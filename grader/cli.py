@@ -188,6 +188,38 @@ def cmd_check(args) -> int:
         return 2
 
 
+def cmd_tolerances(args) -> int:
+    from pathlib import Path
+
+    from grader import tolerances
+
+    def ints(value):
+        return tuple(int(v) for v in value.split(",") if v.strip()) if value else ()
+
+    kernels = tuple(k for k in args.kernels.split(",") if k) if args.kernels is not None else tolerances.KERNELS
+    threads = ints(args.threads) if args.threads is not None else tolerances.THREADS
+    variants = [v.strip() for v in args.variants.split(",")] if args.variants else None
+    live = args.live and tolerances.catalogue.torch_installed()
+    if args.live and not live:
+        print("grader tolerances: torch is not installed: the live tests are left out", file=sys.stderr)
+    try:
+        cert = tolerances.run(_labs(args.labs), variants, kernels, threads, live=live, bugs=not args.no_bugs,
+                              log=lambda m: print(m, file=sys.stderr), jobs=args.jobs,
+                              cache=Path(args.cache) if args.cache else None, bug_labs=_labs(args.bug_labs),
+                              cached_bugs_only=args.cached_bugs_only)
+    except ValueError as exc:
+        print(f"grader tolerances: {exc}", file=sys.stderr)
+        return 2
+    print(tolerances.render_markdown(cert.to_json()))
+    if args.write:
+        tolerances.write_reports(cert)
+        print(f"wrote {tolerances.REPORT_MD.relative_to(KIT_ROOT)} and {tolerances.REPORT_JSON.relative_to(KIT_ROOT)}",
+              file=sys.stderr)
+    for key in cert.broken:
+        print(f"NOT CERTIFIED ({cert.rows[key]['status']}): {key}")
+    return 1 if cert.broken else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     full_kit = (KIT_ROOT / "solutions").is_dir()  # a student's copy offers `check` alone
     p = argparse.ArgumentParser(prog="grader", description="Instructor tools for the NumPy GPT lab kit." if full_kit
@@ -257,6 +289,26 @@ def build_parser() -> argparse.ArgumentParser:
     _labs_option(s, "to check")
     s.add_argument("--jobs", type=int, default=2, help="parallel jobs (default 2)")
     s.set_defaults(func=cmd_validate)
+
+    s = sub.add_parser("tolerances", help="measure every test tolerance against correct variants and the "
+                                          "catalogued bugs, and certify its margins (docs/tolerances.md)")
+    _labs_option(s, "to measure")
+    s.add_argument("--variants", help="comma-separated correct variants (ids or prefixes, e.g. reference,float64,"
+                                      "kernel; default: all)")
+    s.add_argument("--kernels", help="comma-separated OPENBLAS_CORETYPE names to try (default: "
+                                     "Haswell,SkylakeX,Zen,Sandybridge,Nehalem,Prescott; '' for none)")
+    s.add_argument("--threads", help="comma-separated OPENBLAS_NUM_THREADS values (default 1,2,7,16; '' for none)")
+    s.add_argument("--live", action="store_true", help="include the live PyTorch/HuggingFace tests (torch installed)")
+    s.add_argument("--no-bugs", action="store_true", help="measure the correct variants only")
+    s.add_argument("--bug-labs", help="comma-separated labs whose catalogued bugs to run (default: those of --labs)")
+    s.add_argument("--jobs", type=int, default=1, help="bugs run in parallel (default 1)")
+    s.add_argument("--cache", metavar="DIR", help="keep each run's records in DIR and reuse them: a long panel "
+                                                  "can run in parts")
+    s.add_argument("--cached-bugs-only", action="store_true", help="use only the bug runs kept in --cache (a panel "
+                                                                   "run in parts); the others are reported as not run")
+    s.add_argument("--write", action="store_true", help="write docs/tolerances.md (below its prose) and "
+                                                        "docs/tolerances.json")
+    s.set_defaults(func=cmd_tolerances)
     return p
 
 

@@ -719,7 +719,7 @@ def test_train_step_with_clipping_matches_pytorch():
                              ("after", params, "the parameter")):
         for name in sorted(params, key=lambda n: (n.count("."), n)):
             want = f[f"{kind}.{name}"]
-            assert_close(held[name], want, atol=1e-5 * float(np.abs(want).max()) + 1e-9, rtol=1e-3,
+            assert_close(held[name], want, atol=1e-4 * float(np.abs(want).max()) + 1e-8, rtol=1e-2,
                          what=f"{what} of {name} after {setting}", diagnoses=stored_diagnoses(f, f"{kind}.{name}"),
                          hint=TRAIN_STEP_HINT)
 

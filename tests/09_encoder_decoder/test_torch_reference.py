@@ -52,8 +52,8 @@ def test_decoder_layer_matches_torch(norm_first, activation):
     got = ours(x, memory, M.decoder_mask(tgt_keep), M.cross_attention_mask(src_keep, 5))
     name = "pre-norm" if norm_first else "post-norm"
     # padded target positions carry nothing: compare the real ones
-    assert_close(np.asarray(got)[tgt_keep], to_numpy(expected)[tgt_keep], atol=2e-5, rtol=1e-4,
-                 what=f"DecoderLayer ({name}, {activation}) vs torch TransformerDecoderLayer at real target positions")
+    assert_close(np.asarray(got)[tgt_keep], to_numpy(expected)[tgt_keep], atol=6e-5, rtol=3e-4,
+                 what=f"DecoderLayer ({name}, {activation}) vs torch TransformerDecoderLayer")
 
 
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
@@ -67,4 +67,4 @@ def test_encoder_layer_matches_torch(norm_first, activation):
     # torch's encoder leaves padded query rows as they come; compare the real positions
     assert_close(got[src_keep], to_numpy(expected)[src_keep],
                  what=f"EncoderLayer ({'pre' if norm_first else 'post'}-norm, {activation}) vs torch "
-                      "TransformerEncoderLayer at real source positions", atol=2e-5, rtol=1e-4)
+                      "TransformerEncoderLayer at real source positions", atol=6e-5, rtol=3e-4)
