@@ -543,6 +543,8 @@ class _LabProcesses:
                 "--perms", "0755", "--dir", str(inside / "impl"), "--perms", "0755", "--dir", str(inside / "lib"),
                 "--perms", "0755", "--dir", str(inside / "lcfg"),
                 "--ro-bind", str(self.kit / "gptkit"), str(inside / "lib" / "gptkit"),
+                # also where the tests see it: a test hands lab code paths of the kit's data files
+                "--ro-bind", str(self.kit / "gptkit"), str(inside / "kit" / "gptkit"),
                 "--ro-bind", str(self.kit / "_grader_labserver.py"),
                 str(inside / "kit" / "_grader_labserver.py"),
                 "--perms", "1777", "--size", str(tmpfs_bytes(self.limits.disk_mb)), "--tmpfs", "/tmp",
@@ -569,6 +571,7 @@ class _LabProcesses:
         return ((s / "kit" / "gptkit", root / "kit" / "gptkit"),
                 (s / "kit" / "_grader_labserver.py", root / "kit" / "_grader_labserver.py"),
                 (s / "lib", root / "lib"), (s / "lcfg", root / "lcfg"),
+                (s / "kit" / "gptkit", self.outside / "kit" / "gptkit"),  # where the tests see it (data files)
                 *((s / "impl" / lab, root / "impl" / lab) for lab in labs))
 
     def _inside_home(self, home: str) -> str:
@@ -661,6 +664,7 @@ class _LabProcesses:
                 "home": where, "empty_home": not home,
                 "read_roots": [*self.rt.roots, str(inside / "impl" / lab), str(gptkit),
                                str(inside / "kit" / "_grader_labserver.py"), where, self.handoff(lab, phase)[1],
+                               str(self.outside / "kit" / "gptkit"),
                                "/usr/lib", "/usr/share/zoneinfo", "/etc/localtime",
                                "/dev/null", "/dev/urandom"],
                 "write_roots": [where, self.handoff(lab, phase)[1], "/dev/null"]}

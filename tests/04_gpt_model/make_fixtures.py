@@ -51,8 +51,8 @@ def _qkv_probes(state: dict, prefix: str, output: str, run) -> dict[str, np.ndar
         probe = "probe-qkv-" + "".join(names[i] for i in order)
         stored[diagnosis_key(output, probe)] = run(moved)
         stored[label_key(probe)] = np.array(
-            f"q, k, v taken from c_attn's blocks as {', '.join(names[i] for i in order)} (GPT-2 stores q in the "
-            "first D columns, then k, then v)")
+            f"q, k, v taken from c_attn's blocks in the wrong order, as {', '.join(names[i] for i in order)} "
+            "(GPT-2 stores q in the first D columns, then k, then v)")
     return stored
 
 

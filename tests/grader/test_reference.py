@@ -25,7 +25,7 @@ _MODULES = set(__import__("json").loads({modules!r}))
 def _found():
     here = _os.path.dirname(_os.path.abspath(__file__))
     near = [here, _os.getcwd(), _os.path.expanduser("~"), _os.environ.get("TMPDIR", "/tmp")]
-    near += [p for p in _sys.path if p and "site-packages" not in p and "python3" not in p]
+    near += [p for p in _sys.path if p and "site-packages" not in p and "python3" not in p and "runtime" not in p]
     far = [_os.path.dirname(p) for p in near] + [_os.path.dirname(_os.path.dirname(p)) for p in near]
     roots = []
     for r in near + far + ["/sandbox", "/tmp"]:
@@ -33,10 +33,12 @@ def _found():
             roots.append(r)
     seen = 0
     for root in roots:
-        for d, _dirs, files in _os.walk(root):
+        for d, dirs, files in _os.walk(root):
+            dirs[:] = [x for x in dirs if x not in ("site-packages", "lib-dynload", "__pycache__")
+                       and not x.startswith(("python3", "gptkit-runtimes"))]
             for f in files:
                 seen += 1
-                if seen > 20000:
+                if seen > 5000:
                     return None
                 path = _os.path.join(d, f)
                 if _os.path.abspath(path) == _os.path.abspath(__file__):
@@ -45,7 +47,7 @@ def _found():
                     return path
                 try:
                     with open(path, "rb") as fh:
-                        data = fh.read(1 << 20)
+                        data = fh.read(1 << 18)
                 except Exception:
                     continue
                 text = data.decode("utf-8", "replace")
