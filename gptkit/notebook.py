@@ -53,6 +53,7 @@ def use(impl: str = "labs"):
     loader.set_root(root)
     _state["root"], _state["unfinished"] = root, []
     _autoreload()
+    _inline_figures()
     _one_blas_thread()
     try:
         shown = root.relative_to(KIT_ROOT)
@@ -72,6 +73,19 @@ def _autoreload() -> None:
         shell.run_line_magic("load_ext", "autoreload")
         shell.run_line_magic("autoreload", "2")
     except Exception:  # noqa: BLE001 - reloading is a convenience only
+        pass
+
+
+def _inline_figures() -> None:
+    """In a notebook, figures are drawn into the page, whatever MPLBACKEND says (a backend
+    such as Agg set for scripts would draw nothing there)."""
+    try:
+        shell = get_ipython()  # type: ignore[name-defined]  # noqa: F821
+    except NameError:
+        return
+    try:
+        shell.run_line_magic("matplotlib", "inline")
+    except Exception:  # noqa: BLE001 - without matplotlib there is nothing to draw
         pass
 
 

@@ -74,14 +74,46 @@ def main():
     out.close()
 
 
+LOG_BYTES = 8 * 1024 * 1024  # what is kept of the test process's output: below its file-size limit
+
+
+def _bounded_log(path):
+    """stdout and stderr into ``path``, the first ``LOG_BYTES`` of them: what pytest prints
+    holds text lab code chose (its exceptions' messages), and a log past the file-size
+    limit would stop the test process."""
+    import threading
+
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    r, w = os.pipe()
+
+    def drain():
+        kept = 0
+        while True:
+            try:
+                chunk = os.read(r, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            if kept < LOG_BYTES:
+                part = chunk[:LOG_BYTES - kept]
+                try:
+                    os.write(log, part)
+                except OSError:
+                    part = b"x" * LOG_BYTES
+                kept += len(part)
+
+    threading.Thread(target=drain, daemon=True).start()
+    os.dup2(w, 1)
+    os.dup2(w, 2)
+    os.close(w)
+
+
 def _run_labs(plan, labs, tests, attempt, emit, progress_w, remote, plugin, pytest, protocol):
     """The child: one pytest session over ``labs``' tests; never returns."""
     code = 3
     try:
-        log = os.open(plan["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(log)
+        _bounded_log(plan["log"])
         progress = os.fdopen(progress_w, "w", buffering=1)
 
         def note(what, lab):

@@ -472,6 +472,8 @@ class Server:
         args = [a for a in exc.args if a is None or type(a) in (str, int, float, bool)]
         if len(args) != len(exc.args):
             args = [str(exc)]
+        # What lab code raises reaches the test process's log and messages: never more than a message's worth.
+        args = [a[:2000] if type(a) is str else a for a in args]
         try:
             msg = str(exc)
         except BaseException:  # noqa: BLE001
