@@ -113,7 +113,10 @@ def check_vs_pytest(rounds: int = 2) -> tuple[float, float, float]:
 
         def timed(*cmd) -> float:
             t0 = time.perf_counter()
-            subprocess.run(["uv", "run", "--frozen", *cmd], cwd=copy, env=env, check=True, capture_output=True)
+            run = subprocess.run(["uv", "run", "--frozen", *cmd], cwd=copy, env=env, capture_output=True, text=True)
+            if run.returncode:
+                raise SystemExit(f"`uv run {' '.join(cmd)}` in the student copy exited {run.returncode}:\n"
+                                 + (run.stdout + run.stderr)[-4000:])
             return time.perf_counter() - t0
 
         pytest_cmd = ("pytest", "-q", "-p", "no:cacheprovider", "-m", marks)

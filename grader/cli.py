@@ -115,7 +115,7 @@ def cmd_grade(args) -> int:
         if missing():
             print(f"grader grade --similarity: {missing()}", file=sys.stderr)
             return 2
-    limits = Limits(wall_seconds=args.timeout, lab_seconds=min(args.lab_timeout, args.timeout),
+    limits = Limits(wall_seconds=args.timeout, lab_seconds=args.lab_timeout,
                     test_seconds=args.test_timeout, memory_mb=args.memory)
     try:
         grader = Grader(Path(args.out), _labs(args.labs), limits=limits, force=args.force,
@@ -256,8 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-j", "--jobs", type=int, default=2, help="submissions graded in parallel (default 2)")
     _labs_option(s, "to grade")
     s.add_argument("--force", action="store_true", help="regrade students who already have a current result")
-    s.add_argument("--timeout", type=float, default=600, help="wall-clock seconds per submission (default 600)")
-    s.add_argument("--lab-timeout", type=float, default=120, help="wall-clock seconds per lab (default 120)")
+    s.add_argument("--timeout", type=float, default=1800,
+                   help="wall-clock seconds per submission, a backstop for code that waits (default 1800)")
+    s.add_argument("--lab-timeout", type=float, default=120,
+                   help="CPU seconds per lab, its lab code's and its tests', as the kernel counts them: "
+                        "the same verdict on an idle or a busy machine (default 120)")
     s.add_argument("--test-timeout", type=float, default=10, help="CPU seconds of lab code per test, as the kernel counts them: the same verdict on an idle or a busy machine (default 10)")
     s.add_argument("--memory", type=int, default=2048, help="address-space limit in MB (default 2048)")
     s.add_argument("--similarity", action="store_true",

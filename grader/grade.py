@@ -450,8 +450,8 @@ class Grader:
                 why_none = f"no result: the test process reported {duplicated[0]} twice, so none of its results count"
                 lr.flags.append(f"the results of this lab were inconsistent ({len(duplicated)} reported twice)")
             elif timeout:
-                why_none = f"no result: the lab's tests were stopped after {timeout.seconds:g} s"
-                lr.flags.append(f"time limit: the lab's tests ran past {timeout.seconds:g} s")
+                why_none = f"no result: the lab's tests were stopped after the {timeout.seconds:g} s wall-clock backstop"
+                lr.flags.append(f"time limit: the lab's tests ran past {timeout.seconds:g} s (wall clock)")
             elif raw.killed:
                 why_none = f"no result: {raw.killed}"
             elif crash:
@@ -491,6 +491,8 @@ class Grader:
                      and (e.cpu >= self.limits.test_seconds - 0.05 or e.duration >= self.limits.test_wall_seconds)]
             if timed:
                 lr.flags.append(f"time limit: {len(timed)} test(s) ran past {self.limits.test_seconds:g} s of CPU time")
+            if stopped and not why_none and "CPU time" in stopped.what:
+                lr.flags.append(f"time limit: the lab's tests were stopped once {stopped.what}")
             if seen.get("died"):
                 lr.flags.append(f"the lab code's process ended by itself {seen['died']} time(s) "
                                 "(os._exit, a crash or a limit)")

@@ -8,8 +8,9 @@ separate process per lab that the grader starts on request (``gptkit.testing.rem
 Results go, as ``_grader_protocol`` events, to a pipe only this process holds.
 
 The child tells this process, on a pipe of its own, when each lab starts and ends. Each
-lab has its own time limit; a child that runs past it, or dies, ends that lab without a
-result, and a new child runs the labs after it.
+lab has a wall-clock backstop, far above its CPU budget (which the plugin counts); a child
+that runs past it, or dies, ends that lab without a result, and a new child runs the labs
+after it.
 """
 
 import gc
@@ -126,7 +127,8 @@ def _run_labs(plan, labs, tests, attempt, emit, progress_w, remote, plugin, pyte
                              plan["module_labs"], lab).warm()
 
         enter(labs[0])  # its start-up overlaps the collection
-        plugin.configure(emit, plan["test_cpu_seconds"], plan["test_wall_seconds"], labs, note, enter)
+        plugin.configure(emit, plan["test_cpu_seconds"], plan["test_wall_seconds"], labs, note, enter,
+                         plan["lab_cpu_seconds"])
         code = pytest.main([*tests, *plan["pytest_args"], f"--basetemp={plan['basetemp']}-{attempt}",
                             "-p", "_grader_plugin"])
     except BaseException as exc:  # noqa: BLE001 - the child must always exit here

@@ -58,8 +58,8 @@ HYPOTHESIS_DIR = "tmp/hypothesis"  # the test process's Hypothesis storage, in t
 
 @dataclass
 class Limits:
-    wall_seconds: float = 600.0  # whole submission
-    lab_seconds: float = 120.0  # one lab's test run
+    wall_seconds: float = 1800.0  # whole submission: a backstop, wall-clock (see lab_wall_seconds)
+    lab_seconds: float = 120.0  # one lab: CPU seconds of its lab code and its tests (the kernel's count)
     test_seconds: float = 10.0  # one test: CPU seconds of the lab code (the kernel's count, whatever the load)
     memory_mb: int = 2048
     cpu_seconds: int = 600
@@ -68,12 +68,19 @@ class Limits:
     max_output_kb: int = 512  # what the grader reads back and keeps of a lab's printed output
     disk_mb: int = 64  # what one lab process may keep in its scratch folder (/tmp)
     test_wall_backstop: float | None = None  # seconds without an answer from lab code (None: see below)
+    lab_wall_backstop: float | None = None  # wall-clock seconds of one lab's run (None: see below)
 
     @property
     def test_wall_seconds(self) -> float:
         """Backstop for lab code that waits without using CPU: far above the CPU budget, so
         that load alone never reaches it."""
         return self.test_wall_backstop or max(60.0, 6 * self.test_seconds)
+
+    @property
+    def lab_wall_seconds(self) -> float:
+        """Backstop for a lab whose code waits without using CPU (its tests' own backstops
+        stop it first): far above its CPU budget, so that load alone never reaches it."""
+        return self.lab_wall_backstop or max(300.0, 5 * self.lab_seconds)
 
 
 @dataclass
@@ -874,6 +881,7 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
         "ctl_fd": ctl_theirs.fileno(),
         "test_cpu_seconds": limits.test_seconds,
         "test_wall_seconds": limits.test_wall_seconds,
+        "lab_cpu_seconds": limits.lab_seconds,
         "module_labs": module_labs or {},
         "pytest_args": ["-q", "-s", "-p", "no:cacheprovider", "-p", "no:randomly", "-m", "not torch",
                         f"--rootdir={inside / 'kit'}", "-c", str(inside / "kit" / "pyproject.toml"),
@@ -883,7 +891,7 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
         "basetemp": str(inside / "tmp" / "pytest"),
         "log": str(inside / "logs" / "tests.txt"),
         "jobs": [{"lab": j["lab"], "tests": [str(inside / "kit" / t) for t in j["tests"]],
-                  "timeout": limits.lab_seconds} for j in jobs],
+                  "timeout": limits.lab_wall_seconds} for j in jobs],
     }
     (scratch / "plan.json").write_text(json.dumps(plan))
     env = {"PATH": "/usr/bin:/bin", "HOME": str(inside / "work"), "TMPDIR": str(inside / "tmp"),
@@ -956,7 +964,7 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
     killed = ""
     while proc.poll() is None:
         if time.monotonic() - start > limits.wall_seconds:
-            killed = f"stopped after the {limits.wall_seconds:g} s limit for a whole submission"
+            killed = f"stopped after the {limits.wall_seconds:g} s wall-clock backstop for a whole submission"
         elif flags.get("over"):
             killed = f"stopped: printed more than the {limits.max_output_kb} KB output limit"
         if killed:

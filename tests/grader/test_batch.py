@@ -140,9 +140,10 @@ def test_same_result_idle_and_under_load(grader, make_submission):
 
 
 def test_a_lab_past_its_time_limit_leaves_the_next_labs_their_points(reachable_tmp, make_submission):
-    """One test process runs the labs in turn, each with its own wall-clock limit. Lab 01
-    waits 4 s in every causal_mask call, so it runs past its 20 s: it gets nothing, and a
-    new test process grades labs 02 and 03, which keep every point."""
+    """One test process runs the labs in turn, each with its own wall-clock backstop. Lab 01
+    waits 4 s in every causal_mask call (no CPU time: only the backstop sees it), so it runs
+    past its 20 s: it gets nothing, and a new test process grades labs 02 and 03, which keep
+    every point."""
     from grader.grade import Grader
     from grader.sandbox.runner import Limits
 
@@ -150,7 +151,7 @@ def test_a_lab_past_its_time_limit_leaves_the_next_labs_their_points(reachable_t
 
     g = Grader(reachable_dir(reachable_tmp, "out"), ["01", "02", "03"], log=lambda *_: None,
                limits=Limits(wall_seconds=300, lab_seconds=20, test_seconds=2, memory_mb=1024,
-                             test_wall_backstop=60))
+                             test_wall_backstop=60, lab_wall_backstop=20))
     (g.out_dir / ".scratch").mkdir(parents=True)
     g.prepare()
     sub = make_submission(edits={"01_causal_mask/causal_mask.py": [
@@ -168,6 +169,37 @@ def test_a_lab_past_its_time_limit_leaves_the_next_labs_their_points(reachable_t
     for lab in ("02_embeddings", "03_layernorm_ffn"):
         assert r.labs[lab].points == g.rubric[lab].points, [(t.nodeid, t.message) for t in r.labs[lab].tests
                                                            if t.outcome != "passed"][:3]
+
+
+BURN = "    _burn = sum(i * i for i in range(1_000_000))\n"
+
+
+def test_a_lab_past_its_cpu_budget_is_stopped(reachable_tmp, make_submission):
+    """A lab's budget is CPU time, its lab code's and its tests' together, as the kernel
+    counts it (load cannot change it). Every softmax of this lab 01 burns about 0.1 s, no
+    test comes near its own limit, yet the lab's 3 s run out: the tests past that point are
+    not run, the flag says why, and lab 02 keeps every point."""
+    from grader.grade import Grader
+    from grader.sandbox.runner import Limits
+
+    from .conftest import reachable_dir
+
+    g = Grader(reachable_dir(reachable_tmp, "cpu"), ["01", "02"], log=lambda *_: None,
+               limits=Limits(wall_seconds=300, lab_seconds=3, test_seconds=60, memory_mb=1024))
+    (g.out_dir / ".scratch").mkdir(parents=True)
+    g.prepare()
+    sub = make_submission(edits={"01_causal_mask/causal_mask.py": [
+        ("    m = x.max(axis=axis, keepdims=True)\n", BURN + "    m = x.max(axis=axis, keepdims=True)\n")]})
+    r = g.grade("burner", sub)
+    lab01 = r.labs["01_causal_mask"]
+    outcomes = [(t.nodeid, t.outcome, t.message) for t in lab01.tests]
+    ran = [t for t in lab01.tests if t.outcome == "passed"]
+    skipped = [t for t in lab01.tests if t.outcome == "not run"]
+    assert ran and skipped, outcomes
+    assert all("more than the lab's 3 s of CPU time" in t.message for t in skipped), outcomes
+    assert not any("TestTimeLimit" in t.message for t in lab01.tests), outcomes
+    assert any("stopped once they had used more than the lab's 3 s of CPU time" in f for f in lab01.flags), lab01.flags
+    assert r.labs["02_embeddings"].points == g.rubric["02_embeddings"].points
 
 
 def test_submissions_side_by_side_get_cores_of_their_own():
