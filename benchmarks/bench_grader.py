@@ -103,7 +103,9 @@ def check_vs_pytest(rounds: int = 2) -> tuple[float, float, float]:
     later ones) in a student copy holding alice's labs."""
     from grader.release import release
 
-    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    # The copy's own environment and modules: not this kit's (`python -m benchmarks` puts
+    # the kit on PYTHONPATH, which would bind the copy's tests to the kit's stubs).
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
     marks = " or ".join(f"lab{lab}" for lab in LABS)
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "kit"

@@ -199,6 +199,10 @@ def cmd_tolerances(args) -> int:
     kernels = tuple(k for k in args.kernels.split(",") if k) if args.kernels is not None else tolerances.KERNELS
     threads = ints(args.threads) if args.threads is not None else tolerances.THREADS
     variants = [v.strip() for v in args.variants.split(",")] if args.variants else None
+    if args.write and args.labs and (args.no_bugs or args.variants or args.cached_bugs_only):
+        print("grader tolerances: --write with --labs replaces those labs' rows whole: measure their whole "
+              "panel and their bugs (no --no-bugs, --variants or --cached-bugs-only)", file=sys.stderr)
+        return 2
     live = args.live and tolerances.catalogue.torch_installed()
     if args.live and not live:
         print("grader tolerances: torch is not installed: the live tests are left out", file=sys.stderr)
@@ -212,7 +216,7 @@ def cmd_tolerances(args) -> int:
         return 2
     print(tolerances.render_markdown(cert.to_json()))
     if args.write:
-        tolerances.write_reports(cert)
+        tolerances.write_reports(cert, merge=bool(args.labs))
         print(f"wrote {tolerances.REPORT_MD.relative_to(KIT_ROOT)} and {tolerances.REPORT_JSON.relative_to(KIT_ROOT)}",
               file=sys.stderr)
     for key in cert.broken:
@@ -310,7 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cached-bugs-only", action="store_true", help="use only the bug runs kept in --cache (a panel "
                                                                    "run in parts); the others are reported as not run")
     s.add_argument("--write", action="store_true", help="write docs/tolerances.md (below its prose) and "
-                                                        "docs/tolerances.json")
+                                                        "docs/tolerances.json; with --labs, those labs' rows "
+                                                        "replace theirs and the other labs' stay")
     s.set_defaults(func=cmd_tolerances)
     return p
 

@@ -530,6 +530,7 @@ def render_markdown(cert: dict) -> str:
         failed = ", ".join(f"`{t}`" for t in p["failed_tests"][:3]) + (" …" if len(p["failed_tests"]) > 3 else "")
         labs = p.get("labs", "all")
         labs = labs if isinstance(labs, str) else ", ".join(lab[:2] for lab in labs)
+        labs += f" ({p['date'][:10]})" if p.get("date") else ""
         lines.append(f"| `{p['id']}` | {p['what']} | {labs} | {p['seconds']:.0f} | {p['comparisons']} | "
                      f"{failed or 'none'} |")
     missed = [b["id"] for b in cert["bugs"] if not b.get("failed_tests")]
@@ -566,8 +567,31 @@ def render_markdown(cert: dict) -> str:
 MARK = "<!-- grader tolerances writes below this line -->"
 
 
-def write_reports(cert: Certificate, json_path: Path = REPORT_JSON, md_path: Path = REPORT_MD) -> None:
+def merge_reports(old: dict, new: dict) -> dict:
+    """``new`` (a run on some labs) in place of those labs' part of ``old``: their
+    comparisons and bug runs are replaced, every other lab's kept as measured. The panel
+    lists the runs of both, each with its date, so a lab's rows say which run made them."""
+    labs = {r["lab"] for r in new["comparisons"].values()} | set(new.get("catalogued", {}))
+    date = new["machine"]["date"]
+    rows = {k: r for k, r in old["comparisons"].items() if r["lab"] not in labs}
+    rows.update(new["comparisons"])
+    panel = [p if "date" in p else {**p, "date": old["machine"]["date"]} for p in old["panel"]]
+    return {**new, "labs": "all" if old.get("labs") == "all" else sorted(set(old.get("labs") or []) | labs),
+            "live": old.get("live", False) and new.get("live", False),
+            "panel": panel + [{**p, "date": date} for p in new["panel"]],
+            "bugs": [b for b in old["bugs"] if b["id"].split("/", 1)[0] not in labs] + new["bugs"],
+            "catalogued": {**{k: v for k, v in old.get("catalogued", {}).items() if k not in labs},
+                           **new.get("catalogued", {})},
+            "comparisons": dict(sorted(rows.items(), key=lambda kv: kv[1]["lab"]))}
+
+
+def write_reports(cert: Certificate, json_path: Path = REPORT_JSON, md_path: Path = REPORT_MD,
+                  merge: bool = False) -> None:
+    """The report of ``cert``; with ``merge``, its labs replace theirs in the stored report
+    and the other labs' rows stay (a run with ``--labs``)."""
     data = cert.to_json()
+    if merge and json_path.is_file():
+        data = merge_reports(load_report(json_path), data)
     json_path.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n", encoding="utf-8")
     head = md_path.read_text(encoding="utf-8").split(MARK)[0] if md_path.is_file() else "# Tolerances\n\n"
     md_path.write_text(head.rstrip("\n") + "\n\n" + MARK + "\n\n" + render_markdown(data) + "\n", encoding="utf-8")
