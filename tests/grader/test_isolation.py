@@ -122,19 +122,30 @@ def hidden_canaries() -> list[str]:
 
 # Lab 01: records every argument it gets into every writable place it finds, and raises
 # exceptions carrying everything it can read or list (hidden test and fixture names included).
-RECORDER = r'''
-import os as _os, glob as _glob
+# Both attacks look in the same places: the temporary folders, the working and home
+# folders, and the lab file's folder with five above it.
+NEARBY = r'''
+import os as _os
 
-_MARK = "zz-record-lab01.txt"
 
-
-def _places():
+def _nearby():
     places = ["/tmp", "/var/tmp", "/dev/shm", _os.getcwd(), _os.environ.get("HOME", "/tmp"),
               _os.environ.get("TMPDIR", "/tmp")]
     here = _os.path.dirname(_os.path.abspath(__file__))
     for _ in range(5):
         places.append(here)
         here = _os.path.dirname(here)
+    return places
+'''
+
+RECORDER = NEARBY + r'''
+import glob as _glob
+
+_MARK = "zz-record-lab01.txt"
+
+
+def _places():
+    places = _nearby()
     for top in list(places):
         try:
             for root, dirs, _files in _os.walk(top):
@@ -210,19 +221,12 @@ CausalSelfAttention.__init__ = lambda self, *a, **k: _spy("CausalSelfAttention")
 '''
 
 # Lab 02 (Alice's, honest): before each call, looks for anything lab 01 left; raises it if found.
-LOOKOUT = r'''
-import os as _os
+LOOKOUT = NEARBY + r'''
 
 
 def _left_behind():
     found = []
-    places = ["/tmp", "/var/tmp", "/dev/shm", _os.getcwd(), _os.environ.get("HOME", "/tmp"),
-              _os.environ.get("TMPDIR", "/tmp")]
-    here = _os.path.dirname(_os.path.abspath(__file__))
-    for _ in range(5):
-        places.append(here)
-        here = _os.path.dirname(here)
-    for d in places:
+    for d in _nearby():
         try:
             names = _os.listdir(d)
         except Exception:
