@@ -115,6 +115,22 @@ def safetensors_bytes(tensors: dict[str, np.ndarray], metadata: dict[str, str] |
     return len(head).to_bytes(8, "little") + head + b"".join(blobs)
 
 
+def read_safetensors(path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """``(tensors, metadata)`` of a ``.safetensors`` file of float32 tensors (what the kit
+    writes), the tensors by name; another dtype is a ValueError naming the tensor."""
+    raw = Path(path).read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    metadata = header.pop("__metadata__", {})
+    tensors = {}
+    for name, entry in header.items():
+        if entry["dtype"] != "F32":
+            raise ValueError(f"{path}: {name} is {entry['dtype']}, not F32")
+        a, b = entry["data_offsets"]
+        tensors[name] = np.frombuffer(raw[8 + n + a:8 + n + b], dtype="<f4").reshape(entry["shape"]).copy()
+    return tensors, metadata
+
+
 def hub_layout(state: dict[str, np.ndarray], shape: GPT2Shape) -> dict[str, np.ndarray]:
     """The tensors as the hub's ``gpt2`` repository stores them: bare names plus each
     block's ``attn.bias`` causal-mask buffer (1, 1, L, L)."""

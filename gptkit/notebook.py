@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gptkit.checkpoints import read_safetensors
 from gptkit.testing.layout import KIT_ROOT, bind_tree, resolve_impl
 
 TRAINED = Path(__file__).resolve().parent / "data" / "shakespeare_bpe"
@@ -177,21 +178,6 @@ class task:
 
 # -- the trained model -------------------------------------------------------------------------
 
-def read_safetensors(path) -> dict[str, np.ndarray]:
-    """The float32 tensors of a ``.safetensors`` file (what the kit writes), by name."""
-    raw = Path(path).read_bytes()
-    n = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + n])
-    header.pop("__metadata__", None)
-    out = {}
-    for name, entry in header.items():
-        if entry["dtype"] != "F32":
-            raise ValueError(f"{path}: {name} is {entry['dtype']}, not F32")
-        a, b = entry["data_offsets"]
-        out[name] = np.frombuffer(raw[8 + n + a:8 + n + b], dtype="<f4").reshape(entry["shape"]).copy()
-    return out
-
-
 class TrainedModel:
     """The kit's small Shakespeare GPT (``gptkit/data/shakespeare_bpe``) as data: its
     ``config`` (``GPTModel``'s keyword arguments), ``state`` (parameters by GPT-2's names),
@@ -206,7 +192,7 @@ class TrainedModel:
         self.config = {"vocab_size": hf["vocab_size"], "d_model": hf["n_embd"], "num_layers": hf["n_layer"],
                        "num_heads": hf["n_head"], "d_ff": hf.get("n_inner") or 4 * hf["n_embd"],
                        "max_seq_len": hf["n_positions"], "layer_norm_eps": hf.get("layer_norm_epsilon", 1e-5)}
-        self.state = read_safetensors(self.folder / "model.safetensors")
+        self.state = read_safetensors(self.folder / "model.safetensors")[0]
         tok = json.loads((self.folder / "tokenizer.json").read_text())
         self.vocab = {int(i): bytes.fromhex(h) for i, h in tok["vocab"].items()}
         self.merges = [(bytes.fromhex(a), bytes.fromhex(b)) for a, b in tok["merges"]]

@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gptkit.checkpoints import read_safetensors
 from gptkit.command import CommandError, run_command, use_impl
 from gptkit.parallel import DataParallel, blas_threads
 from gptkit.testing.layout import KIT_ROOT
@@ -69,13 +70,8 @@ def _resume(out: Path, gpt2_weights, model, opt) -> tuple[int, list]:
     if not (out / "model.safetensors").is_file() or not (out / "optimizer.safetensors").is_file():
         raise CommandError(f"--resume: no checkpoint in {out} (model.safetensors and optimizer.safetensors)")
     model.load_state_dict(gpt2_weights.read_checkpoint(out / "model.safetensors"))
-    raw = (out / "optimizer.safetensors").read_bytes()
-    n = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + n])
-    meta = header.pop("__metadata__", {})
-    for name, entry in header.items():
-        a, b = entry["data_offsets"]
-        arr = np.frombuffer(raw[8 + n + a:8 + n + b], dtype="<f4").reshape(entry["shape"])
+    moments, meta = read_safetensors(out / "optimizer.safetensors")
+    for name, arr in moments.items():
         kind, param = name.split(".", 1)
         (opt.m if kind == "m" else opt.v)[param][...] = arr
     opt.t = int(meta["t"])
