@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gptkit.testing.layout import KIT_ROOT, lab_of
+from gptkit.testing.layout import KIT_ROOT, lab_of, lab_test_paths
 from grader import catalogue, fixtures, stubs
 from grader.pytest_run import TestResult, run_pytest
 
@@ -44,7 +44,7 @@ def stub_failure_problem(r: TestResult) -> str | None:
 def check_stubs_fail(labs_marker: str | None = None) -> Section:
     sec = Section("stubs fail every lab test with their NotImplementedError")
     marker = labs_marker or "not kit"
-    _, results, output = run_pytest(KIT_ROOT / "labs", marker)
+    _, results, output = run_pytest(KIT_ROOT / "labs", marker, args=lab_test_paths())
     if not results:
         return Section(sec.title, False, ["the tests did not run: " + output[-1000:]])
     problems = [p for p in map(stub_failure_problem, results) if p]
@@ -56,7 +56,7 @@ def check_stubs_fail(labs_marker: str | None = None) -> Section:
 
 def check_solutions_pass(marker: str | None = None) -> Section:
     sec = Section("solutions pass every test")
-    _, results, output = run_pytest(KIT_ROOT / "solutions", marker or "not kit")
+    _, results, output = run_pytest(KIT_ROOT / "solutions", marker or "not kit", args=lab_test_paths())
     if not results:
         return Section(sec.title, False, ["the tests did not run: " + output[-1000:]])
     bad = [r for r in results if r.outcome in ("failed", "error")]
