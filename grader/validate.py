@@ -104,7 +104,7 @@ def session_results(config) -> list[TestResult] | None:
         return None
     finished = {nodeid for nodeid, reports in run.reports.items() if reports[-1].when == "teardown"}
     proc = subprocess.run([sys.executable, "-m", "pytest", "--impl=solutions", "--collect-only", "-q", "-p", "no:randomly",
-                           "-m", "not kit", *lab_test_paths()], cwd=KIT_ROOT, capture_output=True, text=True)
+                           "-m", "not kit", *lab_test_paths()], cwd=KIT_ROOT, capture_output=True, text=True, timeout=600)
     every = {line for line in proc.stdout.splitlines() if "::" in line}
     if proc.returncode != 0 or not every or finished != every or set(run.reports) != every:
         return None
