@@ -31,10 +31,12 @@ student.
 
 Each bug is applied to a temporary copy of the solutions and the lab's tests are run on
 it with ``-x``, in the order a student's run takes (each lab's own tests before its live
-comparisons): the bug is *caught* when a test fails before the live tests (a student
-without torch sees it), and *explained* when that first failure's message contains one
-of the ``expect`` words (the concept, in the lab's terms) or names the first place that
-differs ("first differs at ..."): the first message a student reads names the mistake.
+comparisons; only the lab's test folders are collected, ``lab_test_paths``, which hold
+the same tests in the same order as the whole of ``tests/``): the bug is *caught* when a
+test fails before the live tests (a student without torch sees it), and *explained* when
+that first failure's message contains one of the ``expect`` words (the concept, in the
+lab's terms) or names the first place that differs ("first differs at ..."): the first
+message a student reads names the mistake.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from pathlib import Path
 from types import ModuleType
 
 from gptkit.testing import firstdiff
-from gptkit.testing.layout import KIT_ROOT, lab_dirs
+from gptkit.testing.layout import KIT_ROOT, lab_dirs, lab_test_paths
 from grader.pytest_run import TestResult, run_pytest
 
 
@@ -247,7 +249,8 @@ def check_bug(bug: Bug, solutions: Path = KIT_ROOT / "solutions", live: bool = T
     marker = f"lab{bug.lab[:2]}" + ("" if live else " and not torch")
     try:
         with bugged_tree(bug, solutions) as tree:
-            _, results, output = run_pytest(tree, marker, args=["-x"], timeout=BUG_SECONDS)
+            _, results, output = run_pytest(tree, marker, args=["-x", *lab_test_paths([bug.lab])],
+                                            timeout=BUG_SECONDS)
     except CatalogueError as exc:
         result.error = str(exc)
         return result

@@ -57,6 +57,27 @@ def load_recipe(path: Path):
     return module
 
 
+_BUILT: dict[tuple, dict] = {}
+
+
+def built_once(recipe: Path, module, solutions: Path = KIT_ROOT / "solutions") -> dict:
+    """``module.build()`` of ``recipe`` (loaded by :func:`load_recipe`) on ``solutions``,
+    made once per process for the same recipe text and tree: the kit's own checks compare
+    the same build with the stored fixtures more than once in a test session
+    (tests/kit/test_fixtures.py, ``grader validate``), and a recipe that builds HuggingFace
+    models is slow. The arrays are shared, so they are read-only; writing fixtures always
+    builds anew."""
+    key = (str(Path(recipe).resolve()), Path(recipe).read_bytes(), str(Path(solutions).resolve()))
+    if key not in _BUILT:
+        cases = module.build()
+        for arrays in cases.values():
+            for value in arrays.values():
+                if isinstance(value, np.ndarray):
+                    value.flags.writeable = False
+        _BUILT[key] = cases
+    return _BUILT[key]
+
+
 def torch_available() -> bool:
     return importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None
 
@@ -171,7 +192,7 @@ def generate(labs: list[str] | None = None, *, check: bool = False,
             report.skipped.append(f"{lab}: needs torch and transformers (`uv sync --extra torch`)")
             continue
         log(f"building fixtures for {lab} …")
-        cases = module.build()
+        cases = built_once(recipe, module, solutions) if check else module.build()
         _check_diagnosed(lab, cases)
         out_dir = recipe.parent / "fixtures"
         for case, arrays in sorted(cases.items()):

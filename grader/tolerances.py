@@ -51,7 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gptkit.testing.layout import KIT_ROOT, lab_dirs, lab_of, selected
+from gptkit.testing.layout import KIT_ROOT, lab_dirs, lab_of, lab_test_paths, selected
 from gptkit.testing.tolerance_log import ENV
 from grader import catalogue
 from grader.pytest_run import run_pytest
@@ -342,20 +342,13 @@ def read_log(path: Path) -> dict[str, dict]:
     return worst
 
 
-def test_paths(labs: list[str] | None) -> list[str]:
-    out = []
-    for folder in (KIT_ROOT / "tests", KIT_ROOT / "tests" / "hidden"):
-        out += [str(p) for p in sorted(folder.iterdir()) if p.is_dir() and lab_of(p.name) and selected(p.name, labs)]
-    return out
-
-
 def measure(tree: Path, labs: list[str] | None, live: bool, env: dict | None = None) -> Measured:
     """Run the labs' tests on ``tree`` with the recorder on."""
     with tempfile.TemporaryDirectory(prefix="kit-tol-") as tmp:
         log = Path(tmp) / "log.jsonl"
         marker = None if live else "not torch"
         start = time.monotonic()
-        _, results, output = run_pytest(tree, marker, args=test_paths(labs), timeout=RUN_SECONDS,
+        _, results, output = run_pytest(tree, marker, args=lab_test_paths(labs), timeout=RUN_SECONDS,
                                         env={**(env or {}), ENV: str(log)})
         m = Measured(read_log(log), seconds=time.monotonic() - start, output=output[-3000:], labs=labs)
     m.failed = [r.nodeid for r in results if r.outcome in ("failed", "error")]

@@ -12,9 +12,11 @@ Hidden tests (``tests/hidden/``) are part of "every test".
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import dataclass, field
 
-from gptkit.testing.layout import KIT_ROOT, lab_of
+from gptkit.testing.layout import KIT_ROOT, lab_of, lab_test_paths
 from grader import catalogue, fixtures, stubs
 from grader.pytest_run import TestResult, run_pytest
 
@@ -44,7 +46,7 @@ def stub_failure_problem(r: TestResult) -> str | None:
 def check_stubs_fail(labs_marker: str | None = None) -> Section:
     sec = Section("stubs fail every lab test with their NotImplementedError")
     marker = labs_marker or "not kit"
-    _, results, output = run_pytest(KIT_ROOT / "labs", marker)
+    _, results, output = run_pytest(KIT_ROOT / "labs", marker, args=lab_test_paths())
     if not results:
         return Section(sec.title, False, ["the tests did not run: " + output[-1000:]])
     problems = [p for p in map(stub_failure_problem, results) if p]
@@ -54,9 +56,15 @@ def check_stubs_fail(labs_marker: str | None = None) -> Section:
     return sec
 
 
-def check_solutions_pass(marker: str | None = None) -> Section:
+def check_solutions_pass(marker: str | None = None, results: list[TestResult] | None = None) -> Section:
+    """Every lab test passes on the reference: run here, or ``results`` of a run already
+    made (:func:`session_results`)."""
     sec = Section("solutions pass every test")
-    _, results, output = run_pytest(KIT_ROOT / "solutions", marker or "not kit")
+    origin = []
+    if results is None:
+        _, results, output = run_pytest(KIT_ROOT / "solutions", marker or "not kit", args=lab_test_paths())
+    else:
+        output, origin = "(no results)", ["(the lab tests as this pytest session ran them, before this check)"]
     if not results:
         return Section(sec.title, False, ["the tests did not run: " + output[-1000:]])
     bad = [r for r in results if r.outcome in ("failed", "error")]
@@ -65,8 +73,42 @@ def check_solutions_pass(marker: str | None = None) -> Section:
     sec.lines = [f"{r.nodeid}: {r.message.splitlines()[0][:200] if r.message else r.outcome}" for r in bad]
     reasons = sorted({r.message.splitlines()[0] for r in skipped if r.message})
     sec.lines.append(f"{len(results) - len(bad) - len(skipped)} passed, {len(bad)} failed, {len(skipped)} skipped")
-    sec.lines += [f"skipped: {reason}" for reason in reasons]
+    sec.lines += [f"skipped: {reason}" for reason in reasons] + origin
     return sec
+
+
+def _result(nodeid: str, reports: list) -> TestResult:
+    """One test's outcome from its pytest reports, as the JUnit report gives it."""
+    live = any(r.keywords.get("torch") for r in reports)
+    for r in reports:
+        if r.failed:
+            crash = getattr(r.longrepr, "reprcrash", None)
+            message = crash.message if crash is not None else str(r.longrepr)
+            if r.when != "call":
+                return TestResult(nodeid, "error", f'failed on {r.when} with "{message}"', r.duration, live)
+            return TestResult(nodeid, "failed", message, r.duration, live)
+    for r in reports:
+        if r.skipped:
+            reason = r.longrepr[2] if isinstance(r.longrepr, tuple) else str(r.longrepr)
+            return TestResult(nodeid, "skipped", reason.removeprefix("Skipped: "), r.duration, live)
+    return TestResult(nodeid, "passed", "", sum(r.duration for r in reports), live)
+
+
+def session_results(config) -> list[TestResult] | None:
+    """The results of every lab test on the reference as the pytest session ``config``
+    ran them (the conftest's ``LabRun``), or None unless it ran exactly the lab tests a
+    run of its own would, each to its end: then :func:`check_solutions_pass` need not run
+    them a second time."""
+    run = getattr(config, "_kit_lab_run", None)
+    if run is None or getattr(config, "_kit_impl_root", None) != KIT_ROOT / "solutions":
+        return None
+    finished = {nodeid for nodeid, reports in run.reports.items() if reports[-1].when == "teardown"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--impl=solutions", "--collect-only", "-q", "-p", "no:randomly",
+                           "-m", "not kit", *lab_test_paths()], cwd=KIT_ROOT, capture_output=True, text=True, timeout=600)
+    every = {line for line in proc.stdout.splitlines() if "::" in line}
+    if proc.returncode != 0 or not every or finished != every or set(run.reports) != every:
+        return None
+    return [_result(nodeid, run.reports[nodeid]) for nodeid in sorted(every)]
 
 
 def check_release() -> Section:
@@ -84,7 +126,10 @@ def check_release() -> Section:
     return Section("the student copy builds without solution text", True, [", ".join(entries)])
 
 
-def run(jobs: int = 2, labs: list[str] | None = None) -> list[Section]:
+def run(jobs: int = 2, labs: list[str] | None = None, solutions_results: list[TestResult] | None = None
+        ) -> list[Section]:
+    """Every check; ``solutions_results``: every lab test's result on the reference, from
+    a run already made (:func:`session_results`), instead of running them here."""
     sections = []
 
     stale = stubs.stale_stubs()
@@ -97,7 +142,7 @@ def run(jobs: int = 2, labs: list[str] | None = None) -> list[Section]:
                             + [f"not checked: {s}" for s in rep.skipped]))
 
     marker = " or ".join(f"lab{n}" for n in labs) if labs else None
-    sections.append(check_solutions_pass(marker))
+    sections.append(check_solutions_pass(marker, None if labs else solutions_results))
     sections.append(check_stubs_fail(marker))
 
     sections.append(check_release())

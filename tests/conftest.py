@@ -19,7 +19,7 @@ from _pytest.reports import TestReport
 from hypothesis import HealthCheck, Phase, settings
 
 from gptkit.testing import loader, remote
-from gptkit.testing.layout import LAB_DIR_RE, bind_tree, concept_tests_first, resolve_impl
+from gptkit.testing.layout import LAB_DIR_RE, bind_tree, concept_tests_first, lab_of, resolve_impl
 
 # Same examples every run: a grade must not depend on the day's random draw. No
 # shrinking: a failing property reports the first failing example at once, so a stub's
@@ -41,6 +41,19 @@ def pytest_addoption(parser):
     )
 
 
+class LabRun:
+    """The reports of this session's lab tests, node id → [setup, call, teardown]:
+    tests/kit/test_validate.py runs after them and, where they are every lab test on the
+    reference, gives them to `grader validate` instead of running them all a second time."""
+
+    def __init__(self):
+        self.reports: dict[str, list[TestReport]] = {}
+
+    def pytest_runtest_logreport(self, report):
+        if lab_of(report.nodeid):
+            self.reports.setdefault(report.nodeid, []).append(report)
+
+
 def pytest_configure(config):
     if remote.active() is not None:  # graded: the lab code lives in another process
         config._kit_impl_root = "the grader's lab process"
@@ -52,6 +65,8 @@ def pytest_configure(config):
         raise pytest.UsageError(f"--impl={config.getoption('--impl')}: {exc}") from None
     loader.set_root(root)
     config._kit_impl_root = root
+    config._kit_lab_run = LabRun()
+    config.pluginmanager.register(config._kit_lab_run, "kit-lab-run")
 
 
 def pytest_report_header(config):

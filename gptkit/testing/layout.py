@@ -64,6 +64,20 @@ def selected(lab: str, labs: list[str] | None) -> bool:
     return not labs or lab in labs or lab[:2] in labs
 
 
+def lab_test_paths(labs: list[str] | None = None, tests: Path = KIT_ROOT / "tests") -> list[str]:
+    """The folders that hold the tests of ``labs`` (every lab when empty or None; numbers
+    or full names), in the order pytest collects them: ``tests/NN_name``, then
+    ``tests/hidden/NN_name``. ``pytest -m labNN`` over these collects the same tests in the
+    same order as over the whole of ``tests/`` (tests/kit/test_catalogue.py checks it),
+    without importing every other test module first: the catalogue runs one such pytest
+    per bug."""
+    out = []
+    for folder in (tests, tests / "hidden"):
+        if folder.is_dir():
+            out += [str(p) for p in sorted(folder.iterdir()) if p.is_dir() and lab_of(p.name) and selected(p.name, labs)]
+    return out
+
+
 def bind_tree(root: Path) -> list[LabDir]:
     """Make an implementation tree's lab modules importable by name (``import gpt``): every
     lab folder goes to the front of ``sys.path``, in lab order, since later labs import

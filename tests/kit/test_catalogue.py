@@ -1,11 +1,14 @@
 """The bug catalogue's edit machinery: every catalogued edit applies and changes code (not a
-comment or docstring), and a bugged module imports beside the reference without replacing it."""
+comment or docstring), a bugged module imports beside the reference without replacing it, and
+the folders each bug's run collects hold every lab test."""
 
+import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from gptkit.testing.layout import KIT_ROOT, lab_of, lab_test_paths
 from grader.catalogue import Bug, CatalogueError, Edit, apply_bug, bugged_tree, import_with_bug, load_catalogue
 
 SOURCE = '''"""A module."""
@@ -66,3 +69,24 @@ def test_a_bugged_module_imports_beside_the_reference():
     np.testing.assert_allclose(block(x), block.ln_2(h + block.mlp(h)), rtol=1e-5, atol=1e-6)  # post-norm
     assert all(sys.modules.get(name) is before.get(name) for name in ("gpt", "layers", "causal_mask")), (
         "importing a bugged module must leave the reference modules in place")
+
+
+def _collected(*paths: str) -> list[str]:
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--impl=solutions", "--collect-only", "-q", "-p", "no:randomly",
+                           "-m", "not kit", *paths], cwd=KIT_ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return [line for line in proc.stdout.splitlines() if "::" in line]
+
+
+def test_the_lab_test_folders_hold_every_lab_test_in_the_students_order():
+    """The catalogue runs each bug's `pytest -m labNN -x` over lab_test_paths only (as do
+    `grader validate` and `grader tolerances`): that must select the same tests, in the same
+    order, as a student's run over the whole of tests/."""
+    whole = _collected()
+    assert whole and all(lab_of(nodeid) for nodeid in whole)
+    within = _collected(*lab_test_paths())
+    assert within == whole, ("collecting lab_test_paths() is not collecting tests/: only in tests/ "
+                             f"{sorted(set(whole) - set(within))[:5]}, only in the folders {sorted(set(within) - set(whole))[:5]}"
+                             ", or another order")
+    labs = sorted({lab_of(nodeid) for nodeid in whole})
+    assert sorted(p for lab in labs for p in lab_test_paths([lab])) == sorted(lab_test_paths())
