@@ -1,7 +1,7 @@
 """The assistant (lab 11): the pipeline's accuracies, and the time of one RL step in NumPy
 against the same step in PyTorch CPU eager, on the same thread count.
 
-    uv run --extra torch python benchmarks/bench_assistant.py [--threads N] [--rl-steps 150] [--steps 10]
+    uv run --extra torch python benchmarks/bench_assistant.py [--threads N] [--rl-steps 150] [--steps 10] [--tiny]
 
 First it runs ``python -m gptkit.assistant``'s pipeline on the reference code, at its
 default sizes (``--rl-steps`` and ``--sft-steps`` change those two): SFT from random
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -166,21 +167,27 @@ def main() -> None:
     p.add_argument("--sft-steps", type=int, default=None, help="SFT steps (default: the pipeline's)")
     p.add_argument("--rl-steps", type=int, default=None, help="RL steps (default: the pipeline's)")
     p.add_argument("--steps", type=int, default=10, help="RL steps timed in each implementation (default 10)")
+    p.add_argument("--tiny", action="store_true", help="the pipeline's --tiny sizes: checks this script, measures nothing")
     args = p.parse_args()
+
+    common.use_reference_solutions()
+    from gptkit import assistant as pipe
+
+    s = pipe.TINY if args.tiny else pipe.Settings()
+    s = replace(s, **{k: v for k, v in (("sft_steps", args.sft_steps), ("rl_steps", args.rl_steps)) if v is not None})
+    load_before = _load()
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        r = pipe.pipeline(s, Path(tmp), log=lambda line: print(line, file=sys.stderr, flush=True))
+        total = time.perf_counter() - start  # the peak memory above is the pipeline's: PyTorch is not loaded yet
+        import gpt2_weights
+
+        model = gpt2_weights.load_gpt2(Path(tmp) / "sft").eval()  # the RL steps timed below start from it
 
     import torch
 
     torch.set_num_threads(args.threads)
-    common.use_reference_solutions()
-    from gptkit import assistant as pipe
-
-    s = pipe.Settings()
-    s = replace(s, **{k: v for k, v in (("sft_steps", args.sft_steps), ("rl_steps", args.rl_steps)) if v is not None})
     common.print_machine(args.threads)
-    load_before = _load()
-    start = time.perf_counter()
-    r = pipe.pipeline(s, None, log=lambda line: print(line, file=sys.stderr, flush=True))
-    total = time.perf_counter() - start
 
     a, b, c = r["sft_accuracy"], r["rl_accuracy"], r["dpo_accuracy"]
     print(f"Addition of two numbers up to {pipe.arithmetic.MAX_OPERAND} as chat, {r['held_out']} held-out problems "
@@ -206,8 +213,6 @@ def main() -> None:
     # -- one RL step, NumPy against PyTorch, from the SFT model ---------------------------------
     labs = pipe.Labs()
     held = pipe.arithmetic.held_out(s.seed, s.held_out)
-    model = pipe.new_model(labs, s)
-    pipe.sft(labs, replace(s, eval_every=10 ** 9), model, held, log=lambda line: None)
     reference = copy.deepcopy(model)
     policy = copy.deepcopy(model)
     opt = labs.training.AdamW(policy.state_dict(), lr=s.rl_lr, betas=(0.9, 0.99), weight_decay=0.0)
