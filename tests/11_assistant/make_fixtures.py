@@ -12,7 +12,7 @@ reference solution.
   A and B from ``torch.autograd``, and the merged weight;
 - ``lora_model``: a small GPT-2 with adapters on every Linear (A and B random), its logits,
   and the adapters' gradients of the next-token loss, by ``torch.func.functional_call`` with
-  W + (α/r)·A @ B in place of each adapted weight;
+  W + (α/r)·A @ B in place of each adapted weight, in float64;
 - ``logprobs``: each next token's log-probability and a masked sum under a small GPT-2;
 - ``advantages``: group advantages of rewards with mixed groups, all-equal groups (right and
   wrong) and a group of graded rewards, by a float64 formula;
@@ -211,7 +211,7 @@ def _lora_model_case(a, g, tr, rng):
     from torch.func import functional_call
 
     state = random_gpt2_state(SMALL, rng)
-    hf = hf_model(state, SMALL)
+    hf = hf_model(state, SMALL).double()  # in float64: the stored gradients are the exact ones
     targets = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
     adapters = {}
     for i in range(SMALL.num_layers):
@@ -221,9 +221,8 @@ def _lora_model_case(a, g, tr, rng):
                                       rng.normal(0, 0.3, (MODEL_LORA_RANK, d_out)).astype(np.float32))
     ids = rng.integers(0, SMALL.vocab_size, (2, SMALL.max_seq_len))
     scale = MODEL_LORA_ALPHA / MODEL_LORA_RANK
-    leaves = {name: (torch.tensor(A, requires_grad=True), torch.tensor(B, requires_grad=True))
-              for name, (A, B) in adapters.items()}
-    replaced = {f"transformer.{name}.weight": torch.from_numpy(state[f"{name}.weight"]) + scale * (A @ B)
+    leaves = {name: (_t(A, True), _t(B, True)) for name, (A, B) in adapters.items()}
+    replaced = {f"transformer.{name}.weight": _t(state[f"{name}.weight"]) + scale * (A @ B)
                 for name, (A, B) in leaves.items()}
     out = functional_call(hf, replaced, (torch.from_numpy(ids[:, :-1]),))
     logits = out.logits
