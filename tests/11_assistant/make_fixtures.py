@@ -80,13 +80,13 @@ def _chat_case(tk, a):
     # what the template is, spelled out: each turn's ids, encoded on their own
     for i, conv in enumerate(CONVERSATIONS):
         ids, mask = [], []
-        for role, content in conv:
-            body = tok.encode(content)
-            ids += tok.encode(a.USER if role == "user" else a.ASSISTANT) + body
-            mask += [False] + [role == "assistant"] * len(body)
-            if role == "assistant":
-                ids += tok.encode(a.END)
-                mask += [True]
+        for who, text in conv:
+            answer = who == "assistant"
+            body = tok.encode(text)
+            ids += tok.encode(a.ASSISTANT if answer else a.USER) + body
+            mask += [False] + [answer] * len(body)
+            ids += tok.encode(a.END) if answer else []
+            mask += [True] if answer else []
         case[f"ids.{i}"], case[f"mask.{i}"] = np.array(ids, np.int64), np.array(mask, bool)
         last_user = max(k for k, (r, _) in enumerate(conv) if r == "user")
         prompt = [x for k in range(last_user + 1) for x in

@@ -189,13 +189,13 @@ def test_render_chat_is_the_template_on_any_conversation(turns):
     msgs = [{"role": r, "content": c} for r, c in turns]
     ids, mask = A.render_chat(tok, msgs)
     want_ids, want_mask = [], []
-    for role, content in turns:
-        body = list(tok.encode(content))
-        want_ids += list(tok.encode(A.USER if role == "user" else A.ASSISTANT)) + body
-        want_mask += [False] + [role == "assistant"] * len(body)
-        if role == "assistant":
-            want_ids += list(tok.encode(A.END))
-            want_mask += [True]
+    for who, text in turns:  # the turns' pieces, each encoded on its own
+        answer = who == "assistant"
+        body = list(tok.encode(text))
+        want_ids += list(tok.encode(A.ASSISTANT if answer else A.USER)) + body
+        want_mask += [False] + [answer] * len(body)
+        want_ids += list(tok.encode(A.END)) if answer else []
+        want_mask += [True] if answer else []
     what = f"render_chat of {turns}"
     assert np.asarray(ids).tolist() == want_ids, f"{what}: ids {np.asarray(ids).tolist()}, expected {want_ids}. {TEMPLATE}"
     assert np.asarray(mask).tolist() == want_mask, (
