@@ -701,7 +701,7 @@ def dpo_loss(policy_chosen: np.ndarray, policy_rejected: np.ndarray, ref_chosen:
     N = pc.shape[0]
     z = beta * ((pc - rc) - (pr - rr))  # (N,)
     loss = np.logaddexp(0.0, -z).mean()
-    sig_neg = 1.0 / (1.0 + np.exp(z))  # σ(−z)
+    sig_neg = np.exp(-np.logaddexp(0.0, z))  # σ(−z) = 1 / (1 + e^z), without overflow for large z
     d_chosen = -beta * sig_neg / N
     return np.float32(loss), d_chosen.astype(np.float32), (-d_chosen).astype(np.float32)
     ### END SOLUTION
