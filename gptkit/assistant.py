@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from gptkit import arithmetic
-from gptkit.command import CommandError, run_command, use_impl
+from gptkit.command import run_command, use_impl
 from gptkit.testing.layout import KIT_ROOT
 
 OUT = KIT_ROOT / "runs" / "assistant"
