@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import resource
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -251,7 +250,12 @@ def dpo(labs: Labs, s: Settings, policy, reference, held, log) -> tuple[list[tup
 
 
 def peak_memory_mb() -> float:
-    """This process's peak resident memory so far, in MB (Linux reports KiB, macOS bytes)."""
+    """This process's peak resident memory so far, in MB (Linux reports KiB, macOS bytes;
+    NaN where the ``resource`` module is missing, as on Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return float("nan")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 1e6 if sys.platform == "darwin" else peak * 1024 / 1e6
 
