@@ -29,7 +29,7 @@ from training import gpt_backward, gpt_forward
 USER = "<|user|>"
 ASSISTANT = "<|assistant|>"
 END = "<|end|>"
-CHAT_SPECIAL_TOKENS = (USER, ASSISTANT, END)
+CHAT_SPECIAL_TOKENS = (USER, ASSISTANT, END)  # what a chat tokenizer needs; lab 10's <|endoftext|> is not used
 ROLES = {"user": USER, "assistant": ASSISTANT}
 
 
