@@ -140,25 +140,35 @@ class TorchRL:
         for i, (x, m) in enumerate(zip(rows, masks)):
             ids[i, :len(x)] = torch.from_numpy(x)
             mask[i, :len(m)] = torch.from_numpy(m)
-        targets, scored = ids[:, 1:, None], mask[:, 1:].float()
-
-        def logp_of(model):
-            return torch.log_softmax(model.forward(ids[:, :-1]), dim=-1).gather(-1, targets)[..., 0]
-
         with torch.no_grad():
-            logp_old, logp_ref = logp_of(self.policy), logp_of(self.reference)
+            logp_old, logp_ref = self.logp(self.policy, ids), self.logp(self.reference, ids)
         for _ in range(s.epochs):
-            logp = logp_of(self.policy)
-            ratio = torch.exp(logp - logp_old)
-            a = adv[:, None]
-            d = logp_ref - logp
-            objective = torch.minimum(ratio * a, ratio.clamp(1 - s.clip_eps, 1 + s.clip_eps) * a) \
-                - s.kl_coef * (torch.exp(d) - d - 1)
-            loss = -(objective * scored).sum() / scored.sum()
+            loss = self.loss(ids, mask, adv, logp_old, logp_ref)
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(list(self.policy.p.values()), 1.0)
             self.opt.step()
+
+    @staticmethod
+    def logp(model, ids):
+        """log p of each next token, (B, T − 1)."""
+        import torch
+
+        return torch.log_softmax(model.forward(ids[:, :-1]), dim=-1).gather(-1, ids[:, 1:, None])[..., 0]
+
+    def loss(self, ids, mask, adv, logp_old, logp_ref):
+        """GRPO's loss: the clipped ratio term minus β·k3, −mean over the answer tokens."""
+        import torch
+
+        s = self.s
+        scored = mask[:, 1:].float()
+        logp = self.logp(self.policy, ids)
+        ratio = torch.exp(logp - logp_old)
+        a = adv[:, None]
+        d = logp_ref - logp
+        objective = torch.minimum(ratio * a, ratio.clamp(1 - s.clip_eps, 1 + s.clip_eps) * a) \
+            - s.kl_coef * (torch.exp(d) - d - 1)
+        return -(objective * scored).sum() / scored.sum()
 
 
 def main() -> None:
@@ -224,6 +234,19 @@ def main() -> None:
         ids, mask, adv, _ = pipe.rl_batch(labs, s, policy, problems, rng)
         pipe.rl_update(labs, s, policy, reference, opt, ids, mask, adv)
 
+    # The same loss and gradients on one batch, before either side has stepped.
+    ids, mask, adv, _ = pipe.rl_batch(labs, s, policy, stream.draw(s.prompts), rng)
+    A = labs.assistant
+    logp_old, logp_ref = A.token_logprobs(policy, ids), A.token_logprobs(reference, ids)
+    loss, grads = A.rl_loss_and_grads(policy, ids, mask, logp_old, logp_ref, adv, clip_eps=s.clip_eps,
+                                      kl_coef=s.kl_coef)
+    their_loss = theirs.loss(torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(adv),
+                             torch.from_numpy(logp_old), torch.from_numpy(logp_ref))
+    their_loss.backward()
+    diff = max(float(np.abs(g - theirs.policy.p[k].grad.numpy()).max()) for k, g in grads.items())
+    scale = max(float(np.abs(g).max()) for g in grads.values())
+    theirs.opt.zero_grad(set_to_none=True)
+
     times: dict[str, list[float]] = {"NumPy (reference labs)": [], "PyTorch eager": []}
     for i in range(args.steps + 1):  # the first step of each is a warm-up
         problems = stream.draw(s.prompts)
@@ -241,6 +264,11 @@ def main() -> None:
     print()
     common.print_table(["implementation", "ms per RL step", "× PyTorch"],
                        [[name, f"{1000 * t:.0f}", f"{t / med['PyTorch eager']:.2f}"] for name, t in med.items()])
+    gap = f"{diff / scale:.1e} of the largest gradient" if scale > 0 else f"{diff:.1e} (every gradient is 0)"
+    print(f"The two steps compute the same thing: on one batch ({ids.shape[0]} sequences) the losses are "
+          f"{float(loss):.6f} (NumPy) and {float(their_loss):.6f} (PyTorch), and the gradients differ by at most "
+          f"{gap}.")
+    print()
     common.print_summary(f"lab 11's assistant learns addition: SFT {a:.1f} % → RL {b:.1f} % ({b - a:+.1f} points), "
                          f"DPO {c:.1f} %; an RL step takes {ratio:.2f}× PyTorch's time "
                          f"({common.threads(args.threads)})")
