@@ -14,6 +14,7 @@ Three kinds of checks, none needing PyTorch:
 """
 
 import math
+import re
 
 import numpy as np
 from hypothesis import given, settings
@@ -338,8 +339,8 @@ def test_lora_starts_equal_to_the_base():
     W, b = rng.normal(0, 0.5, (64, 24)).astype(np.float32), rng.normal(0, 0.1, 24).astype(np.float32)
     x = rng.normal(0, 1, (2, 3, 64)).astype(np.float32)
     base = _linear(W, b)
-    expected = np.asarray(base(x)).copy()
     layer = A.LoRALinear(base, 8, 16.0, rng=np.random.default_rng(5))
+    expected = np.asarray(base(x)).copy()
     what = "LoRALinear(Linear(64, 24), rank=8, alpha=16)"
     B = assert_ndarray(layer.B, f"{what}.B", dtype=np.float32, shape=(8, 24))
     Am = assert_ndarray(layer.A, f"{what}.A", dtype=np.float32, shape=(64, 8))
@@ -443,8 +444,8 @@ def test_zero_b_gives_the_base_models_logits_exactly():
     f = load_fixture(LAB, "lora_model")
     model = _model(fixture_params(f))
     ids = f["ids"][:, :-1]
-    before = np.asarray(model(ids)).copy()
     adapters = A.add_lora(model, 2, 4.0, rng=np.random.default_rng(3))
+    before = np.asarray(_model(fixture_params(f))(ids)).copy()  # the same model without adapters
     want = sorted(f"h.{i}.{t}" for i in range(SMALL.num_layers) for t in LORA_TARGETS)
     assert sorted(adapters) == want, f"add_lora must return an adapter for every Linear of every block: {want}"
     assert np.array_equal(np.asarray(model(ids)), before), (
@@ -535,13 +536,22 @@ def test_completion_mask_marks_the_answer_up_to_its_end():
         "nor the filling after it")
 
 
+def _byte_ids(text):
+    """``text``'s ids under the byte tokenizer: one id per byte, the chat tokens 256, 257, 258."""
+    specials = {s: 256 + k for k, s in enumerate(A.CHAT_SPECIAL_TOKENS)}
+    out = []
+    for piece in re.split("(" + "|".join(map(re.escape, specials)) + ")", text):
+        out += [specials[piece]] if piece in specials else list(piece.encode("utf-8"))
+    return out
+
+
 def test_reward_reads_only_the_completion():
     tok = _chat_tokenizer()
-    prompt = list(tok.encode("<|user|>What is 347+85? 432<|assistant|>"))
+    prompt = _byte_ids("<|user|>What is 347+85? 432<|assistant|>")
     n = len(prompt)
 
     def seq(answer):
-        return np.array(prompt + list(tok.encode(answer)), np.int64)
+        return np.array(prompt + _byte_ids(answer), np.int64)
 
     cases = {
         "432<|end|>": 1.0, "432<|end|>7<|end|>": 1.0, "431<|end|>": 0.0, "432": 0.0, "4320<|end|>": 0.0,
