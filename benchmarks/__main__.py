@@ -42,6 +42,7 @@ COMMAND = "uv run --extra torch --extra similarity python -m benchmarks"
 # core's thread for NumPy's BLAS and for PyTorch, and their default sizes).
 ARGS: dict[str, list[str]] = {
     "bench_grader": ["8"],  # submissions graded (and run bare) in the comparison
+    "bench_assistant": ["--threads", "1"],  # a model of width 64: a second BLAS thread only waits
 }
 
 # Smaller sizes for ``--quick``: a check that every benchmark and this script work end to
@@ -53,6 +54,7 @@ QUICK: dict[str, list[str]] = {  # one thread: no BLAS thread spins waiting for 
     "bench_seq2seq": ["--threads", "1", "--new-tokens", "8", "--repeats", "1"],
     "bench_training": ["--threads", "1", "--steps", "100", "--eval-every", "50", "--eval-iters", "2"],
     "bench_grader": ["2"],
+    "bench_assistant": ["--threads", "1", "--tiny", "--steps", "2"],
 }
 
 SUMMARY = "summary: "

@@ -11,9 +11,10 @@ Nothing here contains lab answers. The rest of the package is the kit's own, not
 student code: ``gptkit.testing`` (what the tests use), ``gptkit.checkpoints`` (GPT-2
 checkpoint files for the tests, the demo and the benchmarks), ``gptkit.data`` (GPT-2's
 tokenizer files, which lab 10 reads from paths its tests and the commands pass, and the small
-Shakespeare GPT the notebooks look inside), the commands ``gptkit.demo``, ``gptkit.train`` and
-``gptkit.shakespeare_model`` (with what they share, ``gptkit.command``), and ``gptkit.notebook``
-(what the labs' ``explore.ipynb`` notebooks share).
+Shakespeare GPT the notebooks look inside), the commands ``gptkit.demo``, ``gptkit.train``,
+``gptkit.shakespeare_model``, ``gptkit.assistant`` and ``gptkit.chat`` (with what they share,
+``gptkit.command``; lab 11's task, addition posed as chat, is ``gptkit.arithmetic``), and
+``gptkit.notebook`` (what the labs' ``explore.ipynb`` notebooks share).
 """
 
 from gptkit.checks import as_float_array, check_last_dim, check_length, check_ndim
