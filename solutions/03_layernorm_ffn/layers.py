@@ -27,9 +27,7 @@ class Linear(Layer):
         x = as_float_array(x, "x")
         check_last_dim(x, "x", self.d_in)
         ### BEGIN SOLUTION multiply by the (d_in, d_out) weight, add the bias if there is one
-        # One 2-D product, however many leading dimensions: each weight is read once, not
-        # once per batch row (NumPy loops over the leading axes of a 3-D matmul).
-        y = (x.reshape(-1, self.d_in) @ self.weight).reshape(*x.shape[:-1], self.d_out)
+        y = x @ self.weight  # (..., d_in) @ (d_in, d_out) → (..., d_out)
         return y if self.bias is None else y + self.bias
         ### END SOLUTION
 
@@ -64,18 +62,7 @@ def gelu(x: np.ndarray) -> np.ndarray:
     x = as_float_array(x, "x")
     ### BEGIN SOLUTION the tanh form, with Python-float constants so float32 stays float32
     c = math.sqrt(2.0 / math.pi)
-    # Speed: 0.5·(1 + tanh u) = 1 / (1 + e^(−2u)), the same function, and NumPy's exp is
-    # about twice as fast as its tanh. x is the model's largest activation, (B, T, 4D): the
-    # lines below fill one new array in place (out=, +=, *=); one expression would make a
-    # fresh array per operation (1.5x slower at T = 1024).
-    z = x * x
-    z *= -0.044715 * 2 * c
-    z -= 2 * c
-    z *= x  # −2u = −2·√(2/π)·(x + 0.044715·x³)
-    np.minimum(z, 88.0, out=z)  # e^88 still fits in float32; there gelu(x) is 0 to float32's precision
-    np.exp(z, out=z)
-    z += 1.0
-    return np.divide(x, z, out=z)  # x / (1 + e^(−2u)) = 0.5·x·(1 + tanh u)
+    return 0.5 * x * (1.0 + np.tanh(c * (x + 0.044715 * x**3)))
     ### END SOLUTION
 
 

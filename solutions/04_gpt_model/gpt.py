@@ -19,10 +19,6 @@ from embeddings import PositionalEmbedding, TokenEmbedding
 from gptkit import Layer, as_float_array, check_last_dim, check_length, check_ndim, make_rng
 from layers import Dropout, FeedForward, LayerNorm, Linear
 
-# Queries per block in ``MultiHeadAttention.attend``: big enough for fast matrix
-# products, small enough that skipping the future keys of each block saves work.
-QUERY_BLOCK = 128
-
 
 class MultiHeadAttention(Layer):
     """Causal self-attention with H heads and one fused q/k/v projection, as in GPT-2.
@@ -92,19 +88,10 @@ class MultiHeadAttention(Layer):
         ### BEGIN SOLUTION scores / sqrt(d_head), causal mask, then softmax, dropout, weights @ v
         T, S = q.shape[2], k.shape[2]
         scale = 1.0 / math.sqrt(self.d_head)  # a Python float: float32 stays float32
-        q = q * scale  # scaling the queries once costs less than scaling every score
-        out = np.empty(q.shape, dtype=np.result_type(q, v))  # (B, H, T, d_head)
-        # Queries in blocks: block [start, stop) sees keys 0 … S-T+stop-1 only, so the
-        # scores above the diagonal (half of them) are never computed.
-        for start in range(0, T, QUERY_BLOCK):
-            stop = min(start + QUERY_BLOCK, T)
-            n_keys = S - T + stop
-            scores = q[:, :, start:stop] @ k[:, :, :n_keys].swapaxes(-1, -2)  # (B, H, t, n_keys), scaled
-            if stop > start + 1:  # a lone query (one decoding step) may see every key: nothing to mask
-                scores += additive_mask(causal_mask(stop - start, n_keys), scores.dtype)  # -inf on future keys
-            weights = self.attn_dropout(softmax(scores, axis=-1))  # rows sum to 1
-            out[:, :, start:stop] = weights @ v[:, :, :n_keys]  # (B, H, t, d_head)
-        return out
+        scores = q @ k.swapaxes(-1, -2) * scale  # (B, H, T, S)
+        scores = scores + additive_mask(causal_mask(T, S), scores.dtype)  # -inf on future keys
+        weights = self.attn_dropout(softmax(scores, axis=-1))  # (B, H, T, S), rows sum to 1
+        return weights @ v  # (B, H, T, d_head)
         ### END SOLUTION
 
     def forward(self, x: np.ndarray) -> np.ndarray:

@@ -392,8 +392,8 @@ def forward_with_cache(model: GPTModel, token_ids: np.ndarray, cache: KVCache) -
         x = x + attn.resid_dropout(attn.c_proj(attn.merge_heads(heads)))
         x = x + block.mlp(block.ln_2(x))
     cache.length = start + T
-    x = model.ln_f(x).reshape(B * T, D)  # one 2-D product reads the (V, D) head once for all rows,
-    return (x @ model.wte.weight.T).reshape(B, T, -1)  # where a (B, T, D) @ (D, V) loops over B
+    x = model.ln_f(x)  # (B, T, D)
+    return x @ model.wte.weight.T  # (B, T, V): the tied head
     ### END SOLUTION
 
 

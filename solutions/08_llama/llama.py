@@ -26,7 +26,7 @@ import math
 
 import numpy as np
 
-from causal_mask import causal_mask
+from causal_mask import causal_mask, softmax
 from embeddings import TokenEmbedding
 from generation import KVCache, sample_next
 from gpt2_weights import checkpoint_file, decode_tensor, parse_header, read_config_json
@@ -35,19 +35,8 @@ from layers import Linear
 
 
 def projection(d_in: int, d_out: int, rng: np.random.Generator) -> Linear:
-    """A Linear d_in → d_out without bias, for every projection of the Llama.
-
-    Its weight has shape (d_in, d_out) like any Linear's, but sits in memory as
-    torch.nn.Linear's (d_out, d_in) does, row after row (NumPy's Fortran order), so
-    loading a checkpoint copies its bytes in order.
-    """
-    # Speed: with one token per step, x @ weight is a matrix-vector product that reads the
-    # weight once. Measured with OpenBLAS on 2 cores and 2 threads, it reads this layout at
-    # 1.2–2× the speed of the (d_in, d_out) one for the Llama's shapes, and decoding gains
-    # about 20% (benchmarks/bench_llama.py); on one thread the other layout is ~6% faster.
-    layer = Linear(d_in, d_out, bias=False, rng=rng)
-    layer.weight = np.asarray(layer.weight, order="F")
-    return layer
+    """A Linear d_in → d_out without bias, for every projection of the Llama."""
+    return Linear(d_in, d_out, bias=False, rng=rng)
 
 
 # -- RMSNorm -----------------------------------------------------------------------------------
@@ -71,7 +60,7 @@ class RMSNorm(Layer):
         check_last_dim(x, "x", self.d_model)
         ### BEGIN SOLUTION mean of squares over the last axis, + eps inside the root, divide, times the gain
         xf = x.astype(np.promote_types(x.dtype, np.float32), copy=False)
-        mean_square = (xf * xf).sum(axis=-1, keepdims=True) / self.d_model  # (..., 1); np.mean's wrapper costs more
+        mean_square = np.mean(xf * xf, axis=-1, keepdims=True)  # (..., 1)
         normed = xf / np.sqrt(mean_square + xf.dtype.type(self.eps))
         return (normed * self.weight).astype(np.promote_types(x.dtype, self.weight.dtype), copy=False)
         ### END SOLUTION
@@ -332,21 +321,12 @@ class LlamaAttention(Layer):
         B, H, T, d = q.shape
         H_kv, S = k.shape[1], k.shape[2]
         ### BEGIN SOLUTION query heads grouped by their kv head (a reshape, or repeat_kv), causal attention over S keys, merge heads, o_proj
-        # repeat_kv(k, H // H_kv) would copy the whole cache, in every block at every step.
-        # A reshape groups the query heads the same way for free (heads j·n_rep … (j+1)·n_rep − 1
-        # become group j), and k and v broadcast over each group along a size-1 axis.
-        q = q.reshape(B, H_kv, H // H_kv, T, d)  # (B, H_kv, n_rep, T, d)
-        k, v = k[:, :, None], v[:, :, None]  # (B, H_kv, 1, S, d)
-        scores = q @ k.swapaxes(-1, -2) / math.sqrt(d)  # (B, H_kv, n_rep, T, S); a Python float keeps float32
-        if T > 1:  # a lone query (one decoding step) is the last position: it may see every key
-            scores = np.where(causal_mask(T, S), scores, -np.inf)
-        # softmax over the keys, written out: every row sees at least its own key, so its max
-        # is finite, and lab 01's guard for rows of -inf only is not needed (it costs more
-        # than the exponentials of one decoding step).
-        weights = np.exp(scores - scores.max(axis=-1, keepdims=True))  # (B, H_kv, n_rep, T, S)
-        weights /= weights.sum(axis=-1, keepdims=True)
-        out = weights @ v  # (B, H_kv, n_rep, T, d)
-        return self.o_proj(out.reshape(B, H, T, d).transpose(0, 2, 1, 3).reshape(B, T, H * d))
+        k, v = repeat_kv(k, H // H_kv), repeat_kv(v, H // H_kv)  # (B, H, S, d)
+        scores = q @ k.swapaxes(-1, -2) / math.sqrt(d)  # (B, H, T, S); a Python float keeps float32
+        scores = np.where(causal_mask(T, S), scores, -np.inf)  # query i sits at S − T + i
+        weights = softmax(scores, axis=-1)  # (B, H, T, S)
+        out = weights @ v  # (B, H, T, d)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, T, H * d))  # heads side by side, (B, T, D)
         ### END SOLUTION
 
     def forward(self, x: np.ndarray, positions: np.ndarray | None = None) -> np.ndarray:
@@ -411,11 +391,10 @@ class LlamaModel(Layer):
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Final hidden states (B, T, D), already normalised, → logits (B, T, V)."""
-        B, T, D = x.shape
-        ### BEGIN SOLUTION the tied head (embed_tokens.weight transposed) or lm_head, as one 2-D product
-        flat = x.reshape(B * T, D)
-        out = flat @ self.embed_tokens.weight.T if self.lm_head is None else self.lm_head(flat)
-        return out.reshape(B, T, -1)
+        ### BEGIN SOLUTION the tied head (embed_tokens.weight transposed) or lm_head
+        if self.lm_head is None:
+            return x @ self.embed_tokens.weight.T  # (B, T, D) @ (D, V) → (B, T, V)
+        return self.lm_head(x)  # (B, T, V)
         ### END SOLUTION
 
     def forward(self, token_ids: np.ndarray, positions: np.ndarray | None = None) -> np.ndarray:

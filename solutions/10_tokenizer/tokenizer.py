@@ -16,7 +16,6 @@ ids 0–255 the single bytes, then one id per merge in order, then the special t
 
 from __future__ import annotations
 
-import heapq
 import json
 import operator
 from collections import Counter, defaultdict
@@ -105,13 +104,6 @@ def merge_word(word: list[int], pair: tuple[int, int], new_id: int) -> list[int]
 
 # -- training ---------------------------------------------------------------------------------
 
-def _greatest_first(token: bytes) -> tuple[int, ...]:
-    """A sort key that orders byte strings greatest first, for ``heapq`` (which pops the
-    smallest): the bytes negated, then 1, so that a string sorts after the longer strings
-    it begins (``b"ab"`` is greater than ``b"a"`` and must come first)."""
-    return (*(-c for c in token), 1)
-
-
 def train_bpe(text: str, vocab_size: int, special_tokens: Iterable[str] = ()) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
     """Learn byte-level BPE merges on ``text``.
 
@@ -160,35 +152,24 @@ def train_bpe(text: str, vocab_size: int, special_tokens: Iterable[str] = ()) ->
             pair_counts[pair] += freq
             where[pair].add(i)
 
-    def entry(pair):  # the heap pops the highest count, then the greatest bytes
-        return (-pair_counts[pair], _greatest_first(vocab[pair[0]]), _greatest_first(vocab[pair[1]]), pair)
-
-    heap = [entry(pair) for pair in pair_counts]
-    heapq.heapify(heap)
-    while len(merges) < n_merges and heap:
-        neg_count, _, _, pair = heapq.heappop(heap)
-        if pair_counts.get(pair, 0) != -neg_count:
-            continue  # stale: this pair's count changed since the entry was pushed
+    while len(merges) < n_merges and pair_counts:
+        top = max(pair_counts.values())  # the highest count; among its pairs the greatest bytes win
+        tied = [p for p, count in pair_counts.items() if count == top]
+        pair = max(tied, key=lambda p: (vocab[p[0]], vocab[p[1]]))
         new_id = 256 + len(merges)
         vocab[new_id] = vocab[pair[0]] + vocab[pair[1]]
         merges.append((vocab[pair[0]], vocab[pair[1]]))
-        touched = set()
-        for i in where.pop(pair):
+        for i in where.pop(pair):  # only the words that hold the pair change
             old, freq = words[i], freqs[i]
             new = merge_word(old, pair, new_id)
             for p in zip(old, old[1:]):
                 pair_counts[p] -= freq
-                touched.add(p)
+                if pair_counts[p] == 0:
+                    del pair_counts[p]
             for p in zip(new, new[1:]):
                 pair_counts[p] += freq
                 where[p].add(i)
-                touched.add(p)
             words[i] = new
-        for p in touched:
-            if pair_counts[p] > 0:
-                heapq.heappush(heap, entry(p))
-            else:
-                del pair_counts[p]
     ### END SOLUTION
     for s in specials:
         vocab[len(vocab)] = s.encode("utf-8")

@@ -261,7 +261,8 @@ def _train_step_case(tr, ref_gpt, rng):
 
     mine = outputs(tr)
     for name, value in mine.items():
-        assert np.allclose(value, case[name], rtol=1e-4, atol=1e-6), f"train_step: the reference's {name} differs"
+        # atol 1e-5: after two float32 AdamW steps, rounding in a gradient moves a weight by a few 1e-6
+        assert np.allclose(value, case[name], rtol=1e-4, atol=1e-5), f"train_step: the reference's {name} differs"
     return {**case, **diagnoses(LAB, "train_step", case, outputs, "training")}
 
 

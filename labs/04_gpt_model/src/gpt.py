@@ -20,10 +20,6 @@ from embeddings import PositionalEmbedding, TokenEmbedding
 from gptkit import Layer, as_float_array, check_last_dim, check_length, check_ndim, make_rng
 from layers import Dropout, FeedForward, LayerNorm, Linear
 
-# Queries per block in ``MultiHeadAttention.attend``: big enough for fast matrix
-# products, small enough that skipping the future keys of each block saves work.
-QUERY_BLOCK = 128
-
 
 class MultiHeadAttention(Layer):
     """Causal self-attention with H heads and one fused q/k/v projection, as in GPT-2.

@@ -320,7 +320,7 @@ class CharTokenizer:
             raise ValueError("a tokenizer needs some text to take its characters from")
         self.chars = sorted(set(text))
         self.vocab_size = len(self.chars)
-        self._codes = np.array([ord(c) for c in self.chars], dtype=np.int64)
+        self._ids = {c: i for i, c in enumerate(self.chars)}  # character → id
 
     def encode(self, text: str) -> np.ndarray:
         """str → int64 ids (len(text),). A character outside the vocabulary is a ValueError

@@ -27,7 +27,7 @@ import math
 
 import numpy as np
 
-from causal_mask import causal_mask
+from causal_mask import causal_mask, softmax
 from embeddings import TokenEmbedding
 from generation import KVCache, sample_next
 from gpt2_weights import checkpoint_file, decode_tensor, parse_header, read_config_json
@@ -36,19 +36,8 @@ from layers import Linear
 
 
 def projection(d_in: int, d_out: int, rng: np.random.Generator) -> Linear:
-    """A Linear d_in → d_out without bias, for every projection of the Llama.
-
-    Its weight has shape (d_in, d_out) like any Linear's, but sits in memory as
-    torch.nn.Linear's (d_out, d_in) does, row after row (NumPy's Fortran order), so
-    loading a checkpoint copies its bytes in order.
-    """
-    # Speed: with one token per step, x @ weight is a matrix-vector product that reads the
-    # weight once. Measured with OpenBLAS on 2 cores and 2 threads, it reads this layout at
-    # 1.2–2× the speed of the (d_in, d_out) one for the Llama's shapes, and decoding gains
-    # about 20% (benchmarks/bench_llama.py); on one thread the other layout is ~6% faster.
-    layer = Linear(d_in, d_out, bias=False, rng=rng)
-    layer.weight = np.asarray(layer.weight, order="F")
-    return layer
+    """A Linear d_in → d_out without bias, for every projection of the Llama."""
+    return Linear(d_in, d_out, bias=False, rng=rng)
 
 
 # -- RMSNorm -----------------------------------------------------------------------------------
@@ -365,9 +354,8 @@ class LlamaModel(Layer):
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Final hidden states (B, T, D), already normalised, → logits (B, T, V)."""
-        B, T, D = x.shape
         # YOUR CODE HERE
-        raise NotImplementedError('Lab 08 · LlamaModel.logits: the tied head (embed_tokens.weight transposed) or lm_head, as one 2-D product')
+        raise NotImplementedError('Lab 08 · LlamaModel.logits: the tied head (embed_tokens.weight transposed) or lm_head')
 
     def forward(self, token_ids: np.ndarray, positions: np.ndarray | None = None) -> np.ndarray:
         """token_ids (B, T) int → float32 logits (B, T, V); positions int (T,), default 0 … T−1."""

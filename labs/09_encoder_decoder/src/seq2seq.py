@@ -388,8 +388,7 @@ class EncoderDecoderModel(Layer):
     def head(self, x: np.ndarray) -> np.ndarray:
         """Decoder output (B, T, D) → logits (B, T, V), tied to the target embedding."""
         table = self.shared if self.share_embeddings else self.tgt_embed
-        B, T, D = x.shape
-        return (x.reshape(B * T, D) @ table.weight.T).reshape(B, T, -1) + self.final_logits_bias
+        return x @ table.weight.T + self.final_logits_bias  # (B, T, D) @ (D, V) → (B, T, V)
 
     def encode(self, src_ids: np.ndarray, src_keep: np.ndarray | None = None) -> np.ndarray:
         """src_ids (B, S) → memory (B, S, D). ``src_keep`` (B, S) bool marks the real

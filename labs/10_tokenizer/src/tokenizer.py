@@ -17,7 +17,6 @@ ids 0–255 the single bytes, then one id per merge in order, then the special t
 
 from __future__ import annotations
 
-import heapq
 import json
 import operator
 from collections import Counter, defaultdict
@@ -82,13 +81,6 @@ def merge_word(word: list[int], pair: tuple[int, int], new_id: int) -> list[int]
 
 
 # -- training ---------------------------------------------------------------------------------
-
-def _greatest_first(token: bytes) -> tuple[int, ...]:
-    """A sort key that orders byte strings greatest first, for ``heapq`` (which pops the
-    smallest): the bytes negated, then 1, so that a string sorts after the longer strings
-    it begins (``b"ab"`` is greater than ``b"a"`` and must come first)."""
-    return (*(-c for c in token), 1)
-
 
 def train_bpe(text: str, vocab_size: int, special_tokens: Iterable[str] = ()) -> tuple[dict[int, bytes], list[tuple[bytes, bytes]]]:
     """Learn byte-level BPE merges on ``text``.
