@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import time
+import tracemalloc
 from collections import deque
 
 import numpy as np
@@ -111,6 +112,27 @@ def _head(model: GPTModel, x: np.ndarray) -> np.ndarray:
 
 # -- measure first -------------------------------------------------------------------------------
 
+def peak_memory(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` and the most bytes it held allocated at once beyond what
+    existed when it started (Python's ``tracemalloc``, which counts NumPy's arrays).
+
+    Returns:
+        (the result, peak bytes as an int). Given: the tests measure attention's memory with it.
+    """
+    already = tracemalloc.is_tracing()
+    if not already:
+        tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        result = fn(*args, **kwargs)
+        peak = tracemalloc.get_traced_memory()[1] - before
+    finally:
+        if not already:
+            tracemalloc.stop()
+    return result, int(peak)
+
+
 def profile_forward(model: GPTModel, token_ids: np.ndarray, *, repeats: int = 3) -> list[tuple[str, float]]:
     """Where the time of one forward pass of your lab-04 model goes, part by part.
 
@@ -174,7 +196,7 @@ def profile_decode_step(model: GPTModel, token_ids: np.ndarray, cache: "SlotCach
 # -- tiled causal attention with the online softmax ------------------------------------------------
 
 def tiled_causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, block_q: int = 64,
-                           block_k: int = 64, stats: dict | None = None) -> np.ndarray:
+                           block_k: int = 64, return_stats: bool = False):
     """Causal attention softmax(q·kᵀ/√d + mask)·v computed one (block_q × block_k) tile of
     scores at a time, never holding a (T, S) array (FlashAttention's recurrence).
 
@@ -191,13 +213,14 @@ def tiled_causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, block
         k: (..., S, d) keys, S ≥ T; the same leading dimensions as q.
         v: (..., S, d_v) values.
         block_q, block_k: ≥ 1, the tile's queries and keys (T and S need not be multiples).
-        stats: None, or a dict that receives ``"tiles_total"`` (query blocks × key blocks)
-            and ``"tiles_visited"`` (the tiles computed), each added to what the dict
-            already holds under that name (0 if absent).
+        return_stats: also return how many tiles were computed.
 
     Returns:
-        (..., T, d_v) in q's float dtype (float32 in, float32 out). Memory beyond q, k, v and
-        the output: a few arrays of (..., block_q, block_k) and (..., block_q, d_v).
+        out (..., T, d_v) in q's float dtype (float32 in, float32 out); with
+        ``return_stats``, (out, stats) where stats = {"tiles_total": query blocks × key
+        blocks, "tiles_visited": the (query block, key block) tiles whose scores were
+        computed} (a tile counts once, whatever the leading dimensions). Memory beyond q, k,
+        v and the output: a few arrays of (..., block_q, block_k) and (..., block_q, d_v).
     """
     q, k, v = as_float_array(q, "q"), as_float_array(k, "k"), as_float_array(v, "v")
     check_ndim(q, "q", min_ndim=2, shape_hint="(..., T, d)")
@@ -211,8 +234,6 @@ def tiled_causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, block
     if S < T:
         raise ValueError(f"there must be at least as many keys as queries (S ≥ T): got T={T}, S={S}")
     block_q, block_k = _check_block(block_q, "block_q"), _check_block(block_k, "block_k")
-    if stats is not None and not isinstance(stats, dict):
-        raise TypeError(f"stats must be a dict or None, got {type(stats).__name__}")
     # YOUR CODE HERE
     raise NotImplementedError('Lab 12 · tiled_causal_attention: per query block: visit key tiles up to the diagonal with a running max, running sum and rescaled accumulator; skip the rest')
 
