@@ -63,8 +63,9 @@ def _check_ids(token_ids, vocab_size: int, name: str, ndim: int, shape_hint: str
 
 
 def _check_model(model, name: str = "model") -> None:
-    if not isinstance(model, GPTModel):
-        raise TypeError(f"{name} must be a GPTModel (lab 04), got {type(model).__name__}")
+    missing = [a for a in ("wte", "wpe", "h", "ln_f", "vocab_size", "d_model", "max_seq_len") if not hasattr(model, a)]
+    if missing:
+        raise TypeError(f"{name} must be a GPTModel (lab 04); a {type(model).__name__} has no {', '.join(missing)}")
 
 
 def _check_eos(eos, vocab_size: int):
@@ -1026,12 +1027,11 @@ class Int8Linear(Layer):
         rows = max(self.block, TILE_ELEMENTS // self.d_out // self.block * self.block)  # whole blocks per tile
         for r0 in range(0, self.d_in, rows):
             r1 = min(r0 + rows, self.d_in)
-            b0, b1 = r0 // self.block, -(-r1 // self.block)
+            b0, whole = r0 // self.block, (r1 - r0) // self.block  # first block, whole blocks in the tile
             tile = self.qweight[r0:r1].astype(np.float32)  # (r, d_out)
-            if r1 - r0 == (b1 - b0) * self.block:
-                tile.reshape(b1 - b0, self.block, self.d_out)[...] *= self.scales[b0:b1, None, :]
-            else:  # the last, short block
-                tile *= np.repeat(self.scales[b0:b1], self.block, axis=0)[: r1 - r0]
+            tile[: whole * self.block].reshape(whole, self.block, self.d_out)[...] *= self.scales[b0 : b0 + whole, None, :]
+            if whole * self.block < r1 - r0:  # the last block, shorter than the others
+                tile[whole * self.block :] *= self.scales[b0 + whole]
             y += x2[:, r0:r1] @ tile
         if self.bias is not None:
             y += self.bias

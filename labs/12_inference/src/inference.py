@@ -64,8 +64,9 @@ def _check_ids(token_ids, vocab_size: int, name: str, ndim: int, shape_hint: str
 
 
 def _check_model(model, name: str = "model") -> None:
-    if not isinstance(model, GPTModel):
-        raise TypeError(f"{name} must be a GPTModel (lab 04), got {type(model).__name__}")
+    missing = [a for a in ("wte", "wpe", "h", "ln_f", "vocab_size", "d_model", "max_seq_len") if not hasattr(model, a)]
+    if missing:
+        raise TypeError(f"{name} must be a GPTModel (lab 04); a {type(model).__name__} has no {', '.join(missing)}")
 
 
 def _check_eos(eos, vocab_size: int):
