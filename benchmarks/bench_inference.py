@@ -40,6 +40,7 @@ This script prints; it asserts nothing.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -365,7 +366,8 @@ def main() -> None:
 
     from gptkit.checkpoints import GPT2_SMALL, random_gpt2_state
 
-    common.print_machine(THREADS)
+    common.print_machine(THREADS, f"; load average {os.getloadavg()[0]:.1f} at the start (other work on the "
+                                  "machine weighs on every contestant alike, the memory-bound ones most)")
     print(f"GPT-2 small's shape: {n_params / 1e6:.1f}M parameters, random, float32.")
     print()
     forward = bench_forward(args, model, hf, inference)
@@ -380,6 +382,8 @@ def main() -> None:
 
     del model
     q = bench_int8(args, make_model, inference, gpt2_weights, generation, held_out)
+    print(f"Load average at the end: {os.getloadavg()[0]:.1f}.")
+    print()
     common.print_summary(
         f"lab 12's forward of GPT-2 small takes {forward['fast']:.2f}× PyTorch's time (lab 04's {forward['plain']:.2f}×); "
         f"one stream decodes at {100 * decoding['single']:.0f}% of its products alone, {args.streams} streams at "
