@@ -34,14 +34,13 @@ from __future__ import annotations
 
 import math
 import time
-import tracemalloc
 from collections import deque
 
 import numpy as np
 
 from generation import sample_next
 from gpt import GPTModel
-from gptkit import Layer, as_float_array, check_last_dim, check_length, check_ndim
+from gptkit import Layer, as_float_array, check_last_dim, check_length, check_ndim, peak_memory  # noqa: F401 (the tests call peak_memory here)
 from layers import LayerNorm, Linear
 
 # Rows of an int8 weight dequantised at once by ``Int8Linear``: a tile of about 64K float32
@@ -111,27 +110,6 @@ def _head(model: GPTModel, x: np.ndarray) -> np.ndarray:
 
 
 # -- measure first -------------------------------------------------------------------------------
-
-def peak_memory(fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` and the most bytes it held allocated at once beyond what
-    existed when it started (Python's ``tracemalloc``, which counts NumPy's arrays).
-
-    Returns:
-        (the result, peak bytes as an int). Given: the tests measure attention's memory with it.
-    """
-    already = tracemalloc.is_tracing()
-    if not already:
-        tracemalloc.start()
-    try:
-        tracemalloc.reset_peak()
-        before = tracemalloc.get_traced_memory()[0]
-        result = fn(*args, **kwargs)
-        peak = tracemalloc.get_traced_memory()[1] - before
-    finally:
-        if not already:
-            tracemalloc.stop()
-    return result, int(peak)
-
 
 def profile_forward(model: GPTModel, token_ids: np.ndarray, *, repeats: int = 3) -> list[tuple[str, float]]:
     """Where the time of one forward pass of your lab-04 model goes, part by part.
