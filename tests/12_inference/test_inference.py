@@ -172,7 +172,8 @@ def test_tiled_attention_any_tiles(T, extra, bq, bk, seed):
     q = (2 * rng.standard_normal((2, T, 4))).astype(np.float32)
     k, v = rng.standard_normal((2, S, 4)).astype(np.float32), rng.standard_normal((2, S, 3)).astype(np.float32)
     out = I.tiled_causal_attention(q, k, v, block_q=bq, block_k=bk)
-    assert_close(out, _attention64(q, k, v), what=f"tiled attention, T={T}, S={S}, tiles {bq}×{bk}", hint=NO_KEY_SEEN)
+    assert_close(out, _attention64(q, k, v), what="tiled attention on random shapes and tiles",
+                 hint=f"T={T}, S={S}, tiles {bq}×{bk}; {NO_KEY_SEEN}")
 
 
 def test_tiled_attention_is_float32_and_rejects_bad_shapes():
@@ -208,14 +209,14 @@ def test_fast_forward_matches_the_model():
                          "it runs the same layers as lab 04's forward, on (B·T, D) arrays"):
         logits = I.fast_forward(model, f["ids"], block_q=8, block_k=8)
     assert_close(logits, f["logits"], what="fast_forward's logits (lab 04's model(ids) is the reference)",
-                 diagnoses=stored_diagnoses(f, "logits"))
+                 diagnoses=stored_diagnoses(f, "logits"), atol=1e-4)
 
 
 def test_fast_forward_is_float32_and_checks_its_input():
     f = load_fixture(LAB, "model")
     model = _model()
     logits = I.fast_forward(model, f["ids"][:1, :10])
-    assert_close(logits, f["logits"][:1, :10], what="fast_forward on the first 10 tokens of row 0")
+    assert_close(logits, f["logits"][:1, :10], what="fast_forward on the first 10 tokens of row 0", atol=1e-4)
     assert_ndarray(logits, "fast_forward", dtype=np.float32, shape=(1, 10, V))
     with raises_clearly(ValueError, when=f"fast_forward on {L + 1} tokens (max_seq_len={L})", mentions="max_seq_len"):
         I.fast_forward(model, np.zeros((1, L + 1), dtype=np.int64))
@@ -231,7 +232,7 @@ def test_forward_slots_runs_rows_at_their_own_positions():
         ids, slots = f[f"ids_{i}"], f[f"slots_{i}"]
         starts = cache.lengths[slots].tolist()
         logits = I.forward_slots(model, ids, cache, slots)
-        assert_close(logits, f[f"logits_{i}"], diagnoses=stored_diagnoses(f, f"logits_{i}"),
+        assert_close(logits, f[f"logits_{i}"], diagnoses=stored_diagnoses(f, f"logits_{i}"), atol=1e-4,
                      what=f"forward_slots call {i + 1}: rows in slots {slots.tolist()} at positions {starts} …, "
                           f"{ids.shape[1]} new token(s) each (lab 04's logits of each row's sequence so far)")
     lengths = assert_ndarray(cache.lengths, "SlotCache.lengths", dtype="iu", shape=(3,))
@@ -249,12 +250,16 @@ def test_slot_cache_reset_empties_one_slot():
     cache.reset(2)
     assert cache.lengths.tolist() == [9, 0, 0], f"reset(2) must set slot 2's length to 0 and keep slot 0's 9, got {cache.lengths.tolist()}"
     logits = I.forward_slots(model, f["ids_0"], cache, f["slots_0"])  # slot 2 holds row a from its start again
-    assert_close(logits, f["logits_0"], what="forward_slots on a slot after reset (a new sequence from position 0)")
+    assert_close(logits, f["logits_0"], what="forward_slots on a slot after reset (a new sequence from position 0)",
+                 atol=1e-4)
 
 
 def test_forward_slots_rejects_bad_slots():
+    f = load_fixture(LAB, "slots")
     model = _model()
     cache = I.SlotCache(model, 2)
+    assert_close(I.forward_slots(model, f["ids_0"], cache, np.array([1])), f["logits_0"],
+                 what="forward_slots on slot 1 of a 2-slot cache", atol=1e-4)
     with raises_clearly(ValueError, when="forward_slots with the same slot twice", mentions="slot"):
         I.forward_slots(model, np.zeros((2, 1), np.int64), cache, np.array([1, 1]))
     with raises_clearly(ValueError, when="forward_slots with slot 2 of a 2-slot cache", mentions="slot"):
@@ -277,7 +282,8 @@ def test_one_step_advances_prompts_of_different_lengths_together():
     emitted = dec.step()
     want = {i: int(f["tokens"][i, len(reqs[i][0])]) for i in range(3)}
     assert emitted == want, (f"one step over prompts of 3, 7 and 1 tokens must give each request its first greedy "
-                             f"token {want}; got {emitted}")
+                             f"token {want}; got {emitted}. The prefill runs a prompt's tokens but its last, and the "
+                             f"step feeds that last token at position T − 1: fed twice, it sits at two positions")
     assert dec.forward_calls == 3, (
         f"the first step runs 2 prefills (the prompts of 3 and 7 tokens, all but their last token; a 1-token prompt "
         f"needs none) and ONE forward pass for all three requests: 3 forward passes, the decoder counted "
@@ -320,8 +326,9 @@ def test_a_finished_request_frees_its_slot_at_once():
     got = np.array(trace, dtype=np.int64).reshape(-1, 2)
     assert_close(got if got.shape == expected.shape else np.full(expected.shape, -9), expected, atol=0, rtol=0,
                  diagnoses=stored_diagnoses(f, "trace"),
-                 what=f"the request in each slot after each step (−1: free), {len(trace)} steps (continuous "
-                      f"batching: the step after a request finishes, the next waiting request takes its slot)")
+                 what="the request in each slot after each step (−1: free)",
+                 hint=f"{len(trace)} steps, expected {len(expected)}: continuous batching gives a finished "
+                      f"request's slot to the next waiting request at the very next step")
 
 
 def test_each_step_is_one_forward_pass_for_the_whole_batch():
@@ -337,7 +344,14 @@ def test_each_step_is_one_forward_pass_for_the_whole_batch():
 
 
 def test_submit_rejects_what_cannot_fit():
+    f = load_fixture(LAB, "batched")
     dec = I.BatchedDecoder(_model(), 2)
+    prompt, n, _ = _requests(f, 1)[0]
+    assert dec.submit(prompt, n) == 0
+    done = dec.run()
+    expected = f["tokens"][0][f["tokens"][0] >= 0]
+    assert_close(done[0] if done[0].shape == expected.shape else np.zeros(expected.shape), expected, atol=0, rtol=0,
+                 what="one request alone through the decoder")
     with raises_clearly(ValueError, when=f"submit 10 tokens + 40 new (max_seq_len={L})", mentions="max_seq_len"):
         dec.submit(np.zeros(10, np.int64), 40)
     with raises_clearly(ValueError, when=f"submit a prompt holding id {V} (vocabulary 0 … {V - 1})", mentions="vocabulary"):
@@ -347,6 +361,22 @@ def test_submit_rejects_what_cannot_fit():
 
 
 # --- speculative decoding -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("i", range(5))
+def test_prompt_lookup_draft(i):
+    f = load_fixture(LAB, "lookup")
+    context, k, ngram = f[f"context_{i}"], int(f[f"k_{i}"]), int(f[f"ngram_{i}"])
+    got = I.prompt_lookup_draft(context, k, ngram=ngram)
+    expected = f[f"draft_{i}"]
+    got = assert_ndarray(got, "prompt_lookup_draft", dtype="iu")
+    what = f"prompt_lookup_draft({context.tolist()}, k={k}, ngram={ngram}), expected {expected.tolist()}"
+    if got.shape != expected.shape:
+        for label, wrong in stored_diagnoses(f, f"draft_{i}").items():
+            if wrong.shape == got.shape and np.array_equal(wrong, got):
+                raise AssertionError(f"{what}. Your result matches {label}")
+        raise AssertionError(f"{what}; got {got.tolist()}")
+    assert_close(got, expected, atol=0, rtol=0, diagnoses=stored_diagnoses(f, f"draft_{i}"), what=what)
+
 
 def _draft(name):
     if name in ("self",):
@@ -378,8 +408,8 @@ def test_speculative_greedy_gives_the_greedy_tokens(name):
             "lookup": "prompt lookup drafts", "eos": "a draft near the target, stopping at eos"}[name]
     got = tokens if tokens.shape == expected.shape else np.full(expected.shape, -1)
     assert_close(got, expected, atol=0, rtol=0, diagnoses=stored_diagnoses(f, f"tokens_{name}"),
-                 what=f"speculative greedy decoding with {what}: lab 06's greedy tokens "
-                      f"({len(tokens)} tokens, expected {len(expected)})", hint=SPEC_HINT)
+                 what=f"speculative greedy decoding with {what}: lab 06's greedy tokens",
+                 hint=f"{len(tokens)} tokens, expected {len(expected)}: {SPEC_HINT}")
 
 
 @pytest.mark.parametrize("name", SPEC)
@@ -399,23 +429,6 @@ def test_speculative_counts_proposals_and_acceptances(name):
             "tokens kept")
     assert_close(got, expected, atol=0, rtol=0, diagnoses=stored_diagnoses(f, f"counts_{name}"), hint=hint,
                  what=f"(proposed, accepted, rounds) of speculative greedy decoding ({name})")
-
-
-@pytest.mark.parametrize("i", range(5))
-def test_prompt_lookup_draft(i):
-    f = load_fixture(LAB, "lookup")
-    context, k, ngram = f[f"context_{i}"], int(f[f"k_{i}"]), int(f[f"ngram_{i}"])
-    got = I.prompt_lookup_draft(context, k, ngram=ngram)
-    expected = f[f"draft_{i}"]
-    got = assert_ndarray(got, "prompt_lookup_draft", dtype="iu")
-    what = (f"prompt_lookup_draft({context.tolist()}, k={k}, ngram={ngram}): the tokens that followed the latest "
-            f"earlier occurrence of the longest matching n-gram, expected {expected.tolist()}, got {got.tolist()}")
-    if got.shape != expected.shape:
-        for label, wrong in stored_diagnoses(f, f"draft_{i}").items():
-            if wrong.shape == got.shape and np.array_equal(wrong, got):
-                raise AssertionError(f"{what}. Your result matches {label}")
-        raise AssertionError(what)
-    assert_close(got, expected, atol=0, rtol=0, diagnoses=stored_diagnoses(f, f"draft_{i}"), what=what)
 
 
 P = np.array([0.05, 0.30, 0.10, 0.25, 0.20, 0.10])  # the target's distribution in the sampling tests
@@ -494,7 +507,7 @@ def test_quantize_int8_scales_per_block_and_rounds_to_nearest():
     q, scales = I.quantize_int8(W, 16)
     q = assert_ndarray(q, "quantize_int8's q", dtype=np.int8, shape=W.shape)
     scales = assert_ndarray(scales, "quantize_int8's scales", dtype=np.float32, shape=(5, 24))
-    assert_close(scales, f["scales"], diagnoses=stored_diagnoses(f, "scales"), atol=0, rtol=1e-6,
+    assert_close(scales, f["scales"], diagnoses=stored_diagnoses(f, "scales"), atol=0, rtol=1e-5,
                  what="the scales of a (70, 24) weight in blocks of 16 rows (max |W| of each block of each column / 127)")
     s = np.repeat(scales, 16, axis=0)[:70]
     err = np.abs(W - q.astype(np.float32) * s)
@@ -502,7 +515,6 @@ def test_quantize_int8_scales_per_block_and_rounds_to_nearest():
     assert not bad.any(), (f"|W − q·scale| must be at most scale / 2 (q = W / scale rounded to the nearest integer); "
                            f"{int(bad.sum())} of {W.size} elements are further, up to {float((err / np.maximum(s, 1e-30)).max()):.2f} "
                            f"scales")
-    assert_close(q, f["q"], atol=1, rtol=0, what="the int8 values", diagnoses=stored_diagnoses(f, "q"))
 
 
 def test_dequantize_int8_multiplies_each_block_by_its_scale():
@@ -540,7 +552,7 @@ def test_quantize_model_swaps_every_linear_and_keeps_the_logits_close():
                 f"after quantize_model, h.{i}.{name} must be an Int8Linear (every Linear of every block), "
                 f"its weights int8 in qweight")
     logits = I.fast_forward(model, f["ids"])
-    assert_close(logits, f["logits"], diagnoses=stored_diagnoses(f, "logits"),
+    assert_close(logits, f["logits"], diagnoses=stored_diagnoses(f, "logits"), atol=1e-4,
                  what="the int8 model's logits (blocks of 8; fast_forward)")
     err = float(np.abs(logits - f["float_logits"]).max() / np.abs(f["float_logits"]).max())
     assert err < 0.05, f"int8 weights moved the logits by {err:.3f} of their largest value: more than rounding"
