@@ -194,6 +194,7 @@ def bench_decoding(args, model, hf, inference, generation) -> dict:
     speed, bound = common.print_speeds_and_bound(times, n, read_per_token, "every parameter but the position table")
     for k, t in batch_times.items():
         speed[k] = S * n / t
+    print()
     common.print_table(["run (all streams)", "seconds", "tokens/s"],
                        [[k, f"{t:.2f}", f"{speed[k]:.1f}"] for k, t in batch_times.items()])
     single, alone = speed[single_name], speed[common.PROBE + "products alone"]
