@@ -534,7 +534,7 @@ def test_int8_linear_matches_the_dequantised_product():
     layer = I.Int8Linear(linear, 16)
     out = layer(f["x"])
     assert_ndarray(out, "Int8Linear(x (3, 5, 70))", dtype=np.float32, shape=(3, 5, 24))
-    assert_close(out, f["linear_out"], diagnoses=stored_diagnoses(f, "linear_out"),
+    assert_close(out, f["linear_out"], diagnoses=stored_diagnoses(f, "linear_out"), atol=1e-4,
                  what="Int8Linear(x) = x @ dequantised W + bias (every block of rows times its own scale)")
     exact = f["x"] @ f["W"] + f["bias"]
     rel = float(np.abs(out - exact).max() / np.abs(exact).max())
