@@ -367,7 +367,8 @@ def main() -> None:
 
     from gptkit.checkpoints import GPT2_SMALL, random_gpt2_state
 
-    common.print_machine(THREADS, f"; load average {os.getloadavg()[0]:.1f} at the start (other work on the "
+    load = os.getloadavg()[0]
+    common.print_machine(THREADS, f"; load average {load:.1f} at the start (other work on the "
                                   "machine weighs on every contestant alike, the memory-bound ones most)")
     print(f"GPT-2 small's shape: {n_params / 1e6:.1f}M parameters, random, float32.")
     print()
@@ -391,7 +392,7 @@ def main() -> None:
         f"{decoding['vs_single']:.1f}× one ({decoding['vs_hf']:.1f}× HuggingFace); speculative decoding "
         f"{spec['draft']:.2f}× with the draft ({100 * spec['acceptance']:.0f}% accepted), {spec['lookup']:.2f}× with "
         f"prompt lookup; int8 weights {q['bytes']:.1f}× smaller, {q['speed']:.2f}× the speed, perplexity "
-        f"{100 * q['ppl']:+.2f}% ({common.threads(THREADS)})")
+        f"{100 * q['ppl']:+.2f}% ({common.threads(THREADS)}, load average {load:.1f} at the start)")
 
 
 if __name__ == "__main__":
