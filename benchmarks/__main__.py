@@ -55,6 +55,8 @@ QUICK: dict[str, list[str]] = {  # one thread: no BLAS thread spins waiting for 
     "bench_training": ["--threads", "1", "--steps", "100", "--eval-every", "50", "--eval-iters", "2"],
     "bench_grader": ["2"],
     "bench_assistant": ["--threads", "1", "--tiny", "--steps", "2"],
+    "bench_inference": ["--threads", "1", "--seq", "256", "--new-tokens", "8", "--repeats", "1", "--prompts", "2",
+                        "--windows", "8"],
 }
 
 SUMMARY = "summary: "

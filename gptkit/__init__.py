@@ -4,6 +4,7 @@ modules, a student file may import these names from ``gptkit`` (``from gptkit im
 - ``Layer``: the base class of every layer (train/eval, parameters by name, state dicts);
 - input checks: ``as_float_array``, ``check_ndim``, ``check_last_dim``, ``check_length``;
 - initialisation: ``make_rng``, ``normal``;
+- measuring: ``peak_memory`` (the most bytes a call held at once);
 - state dicts: ``state_diff`` (which parameters are missing, unexpected or mis-shaped,
   as a ``StateDiff``) and GPT-2's names: ``gpt2_parameter_names``, ``gpt2_parameter_shapes``.
 
@@ -21,6 +22,7 @@ from gptkit.checks import as_float_array, check_last_dim, check_length, check_nd
 from gptkit.gpt2 import gpt2_parameter_names, gpt2_parameter_shapes
 from gptkit.init import make_rng, normal
 from gptkit.layer import Layer
+from gptkit.memory import peak_memory
 from gptkit.state import StateDiff, state_diff
 
 __all__ = [
@@ -34,5 +36,6 @@ __all__ = [
     "gpt2_parameter_shapes",
     "make_rng",
     "normal",
+    "peak_memory",
     "state_diff",
 ]

@@ -288,8 +288,9 @@ def panel(variants: list[str] | None = None, kernels=KERNELS, threads=THREADS) -
     out = [Variant("reference", "the solutions", solutions),
            Variant("float64", "the solutions computed in float64, results cast to float32", float64_tree)]
     for style in ("functional", "objects"):
-        if (HONEST / style / "labs").is_dir():
-            out.append(Variant(style, f"the honest corpus, {style} style", lambda d, s=style: HONEST / s / "labs"))
+        if (HONEST / style / "labs").is_dir():  # measured on the labs the corpus holds
+            out.append(Variant(style, f"the honest corpus, {style} style", lambda d, s=style: HONEST / s / "labs",
+                               labs=[lab.name for lab in lab_dirs(HONEST / style / "labs")]))
     out += formulation_variants()
     if kernels:
         out += kernel_variants(kernels)

@@ -1,0 +1,399 @@
+"""Inference engineering (lab 12): its fast paths against the plain labs, PyTorch and the
+machine's own limits, in one run.
+
+    uv run --extra torch python benchmarks/bench_inference.py [--threads N] [--seq 1024]
+        [--prompt 32] [--new-tokens 32] [--streams 8] [--repeats 2] [--k 3] [--prompts 6]
+        [--windows 64]
+
+Five measurements, each a table of its contestants, their ratios and the targets:
+
+1. Forward pass of GPT-2 small's shape (random weights, float32, batch 1) at ``--seq``
+   tokens: lab 12's fast forward, lab 04's plain forward and HuggingFace's
+   ``GPT2LMHeadModel`` on PyTorch (CPU); beside them the forward's matrix products alone,
+   back to back in NumPy (what OpenBLAS allows before any other work). Target: the fast
+   forward ≤ 0.9× PyTorch's time.
+2. Single-stream cached decoding of GPT-2 small (greedy, ``--new-tokens`` after a
+   ``--prompt``-token prompt): lab 12's decoder with one stream, lab 06's ``generate``, the
+   decoder's mat-vec products alone (``common.matvecs_run``) and the memory-bandwidth
+   bound (``common.bandwidth_runs``). Target: ≥ 85% of the products alone.
+3. Batched decoding: ``--streams`` requests in lab 12's ``BatchedDecoder``, aggregate
+   tokens/s, against the single stream (≥ 5×), the single-stream bandwidth bound (past it)
+   and HuggingFace ``generate()`` on the same batch (≥ 2×). Every stream's tokens are
+   checked against lab 06's ``generate`` of that prompt alone.
+4. Speculative decoding on the kit's trained pair (target ``gptkit/data/shakespeare_bpe``,
+   draft ``gptkit/data/shakespeare_bpe_draft``), greedy, after prompts of held-out
+   Shakespeare: ``speculative_greedy`` with the draft model and with prompt lookup (``--k``
+   proposals per round), and plain cached decoding (lab 06). Target: ≥ 1.5× plain
+   decoding's tokens/s with identical tokens; the acceptance rate is printed, and beside
+   it the most that the measured acceptance and the draft's cost per step allow.
+5. Weight-only int8 (``quantize_model``, the tied head too): the weights' bytes against
+   float32 (3.5–4× smaller), GPT-2 small's one-stream decoding in lab 12's decoder against
+   float32 (≥ 1.2×), with the products alone of each, and the trained model's perplexity
+   on held-out Shakespeare (within 1%).
+
+The code is the reference's (solutions/). NumPy's BLAS and PyTorch use the same
+``--threads`` (default: every core). Timed runs take turns (``common.time_runs``: a warm-up
+call each, then the best of ``--repeats``), so the machine's load weighs on all alike.
+This script prints; it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402  (sets the BLAS threads before NumPy loads)
+
+THREADS = common.set_threads(sys.argv)
+
+import numpy as np  # noqa: E402
+
+DATA = common.ROOT / "gptkit" / "data"
+TARGET, DRAFT = DATA / "shakespeare_bpe", DATA / "shakespeare_bpe_draft"
+CORPUS = common.ROOT / "labs" / "07_training" / "data" / "shakespeare.txt"
+HELD_OUT = 0.92  # the text after this fraction is held out: both models train on the first 90 % of the tokens
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", type=int, default=THREADS, help="BLAS and torch threads (default: all cores)")
+    p.add_argument("--seq", type=int, default=1024, help="tokens in the forward pass (default 1024)")
+    p.add_argument("--prompt", type=int, default=32, help="GPT-2 small's prompt length (default 32)")
+    p.add_argument("--new-tokens", type=int, default=32, help="tokens each GPT-2 small stream generates (default 32)")
+    p.add_argument("--streams", type=int, default=8, help="streams in the batched decoder (default 8)")
+    p.add_argument("--repeats", type=int, default=2, help="timed runs of each contestant (the best counts)")
+    p.add_argument("--k", type=int, default=3, help="tokens proposed per speculative round (default 3)")
+    p.add_argument("--prompts", type=int, default=6, help="held-out prompts for speculative decoding (default 6)")
+    p.add_argument("--windows", type=int, default=64, help="held-out 64-token windows for perplexity (default 64)")
+    return p.parse_args()
+
+
+def check(name: str, shown: str, goal: str, met: bool) -> None:
+    """One target line: the value, the target and whether it is met."""
+    print(f"- {name}: {shown} (target {goal}: {'met' if met else 'NOT met'})")
+
+
+def seconds_table(times: dict, base: str, what: str) -> None:
+    """Each run's seconds and its time ÷ ``base``'s."""
+    common.print_table(["run", "seconds", f"÷ {what}"],
+                       [[name, f"{t:.3f}", f"{t / times[base]:.2f}"] for name, t in times.items()])
+
+
+# -- 1. the forward pass ---------------------------------------------------------------------------
+
+def forward_products(model, T: int):
+    """The forward pass's matrix products alone at T tokens, on arrays made beforehand:
+    every Linear as one (T, in) @ (in, out) product, attention's scores and weighted sums
+    per head over the causal half (query blocks of 128, each against the keys up to its
+    end), the tied head. The most OpenBLAS allows a NumPy forward."""
+    D, H = model.d_model, model.h[0].attn.num_heads
+    d = D // H
+    rows = {w.shape[0]: np.ones((T, w.shape[0]), np.float32) for b in model.h
+            for w in (b.attn.c_attn.weight, b.mlp.c_fc.weight, b.mlp.c_proj.weight)}
+    q = np.ones((H, T, d), np.float32)
+    kt = np.ones((H, d, T), np.float32)
+    head = model.wte.weight.T
+    x = np.ones((T, D), np.float32)
+    blocks = [(s, min(s + 128, T)) for s in range(0, T, 128)]
+
+    def products():
+        for b in model.h:
+            a, m = b.attn, b.mlp
+            rows[D] @ a.c_attn.weight
+            for s, e in blocks:
+                w = q[:, s:e] @ kt[:, :, :e]  # (H, e-s, e)
+                w @ q[:, :e]
+            rows[D] @ a.c_proj.weight
+            rows[D] @ m.c_fc.weight
+            rows[m.c_fc.weight.shape[1]] @ m.c_proj.weight
+        x @ head
+
+    return products
+
+
+def bench_forward(args, model, hf, inference) -> dict:
+    import torch
+
+    T = args.seq
+    ids = np.random.default_rng(T).integers(0, model.vocab_size, (1, T))
+    t_ids = torch.from_numpy(ids)
+
+    def pytorch():
+        with torch.inference_mode():
+            return hf(t_ids).logits.numpy()
+
+    times, outputs = common.time_runs({
+        "PyTorch (HuggingFace GPT2LMHeadModel)": (pytorch, args.repeats),
+        "lab 12 fast forward": (lambda: inference.fast_forward(model, ids), args.repeats),
+        "lab 04 plain forward": (lambda: model(ids), args.repeats),
+        common.PROBE + "products alone": (forward_products(model, T), args.repeats)})
+    times["the products alone (NumPy)"] = times.pop(common.PROBE + "products alone")
+    print(f"### Forward pass, GPT-2 small, T = {T}, batch 1")
+    print()
+    base = "PyTorch (HuggingFace GPT2LMHeadModel)"
+    seconds_table(times, base, "PyTorch")
+    fast, plain = times["lab 12 fast forward"] / times[base], times["lab 04 plain forward"] / times[base]
+    alone = times["the products alone (NumPy)"] / times[base]
+    diff = max(float(np.abs(outputs[k] - outputs[base]).max()) for k in ("lab 12 fast forward", "lab 04 plain forward"))
+    check("lab 12 fast forward ÷ PyTorch", f"{fast:.2f}×", "≤ 0.9×", fast <= 0.9)
+    print(f"- lab 04 plain forward ÷ PyTorch: {plain:.2f}×; the products alone ÷ PyTorch: {alone:.2f}×"
+          f" (the fast forward spends {100 * times['the products alone (NumPy)'] / times['lab 12 fast forward']:.0f}%"
+          " of its time in them)")
+    print(f"- largest |Δ logit| against PyTorch: {diff:.2e}")
+    print()
+    return {"fast": fast, "plain": plain}
+
+
+# -- 2 and 3. single-stream and batched decoding --------------------------------------------------
+
+def one_stream(inference, model, prompt, n: int):
+    """A run: lab 12's ``BatchedDecoder`` with one slot, ``n`` greedy tokens after ``prompt`` (T,)."""
+    def run():
+        decoder = inference.BatchedDecoder(model, max_batch=1)
+        decoder.submit(prompt, n)
+        return decoder.run()[0]
+    return run
+
+
+def bench_decoding(args, model, hf, inference, generation) -> dict:
+    import stripped
+
+    n, T, S = args.new_tokens, args.prompt, args.streams
+    prompts = np.random.default_rng(7).integers(0, model.vocab_size, (S, T))
+
+    def batched(rows):
+        def run():
+            decoder = inference.BatchedDecoder(model, max_batch=len(rows))
+            ids = [decoder.submit(r, n) for r in rows]
+            done = decoder.run()
+            return np.stack([np.concatenate([r, np.asarray(done[i])[-n:]]) for r, i in zip(rows, ids)])
+        return run
+
+    single_name, batch_name = "lab 12 decoder, 1 stream", f"lab 12 BatchedDecoder, {S} streams"
+    hf_name = f"HuggingFace generate(), batch {S}"
+    times, outputs = common.time_runs({
+        "lab 06 generate (KV cache), 1 stream": (lambda: generation.generate(model, prompts[:1], n, temperature=0),
+                                                 args.repeats),
+        single_name: (batched(prompts[:1]), args.repeats),
+        common.STRIPPED: (lambda: stripped.gpt2_generate(model, prompts[:1], n, generation), args.repeats),
+        batch_name: (batched(prompts), args.repeats),
+        hf_name: (common.hf_greedy(hf, prompts, n), args.repeats),
+        **common.bandwidth_runs(args.repeats),
+        **common.matvecs_run([w for b in model.h for w in (b.attn.c_attn.weight, b.attn.c_proj.weight,
+                                                             b.mlp.c_fc.weight, b.mlp.c_proj.weight)]
+                             + [model.wte.weight.T], n, args.repeats)})
+    print(f"### Decoding GPT-2 small: one stream and {S} streams")
+    print()
+    print(f"{n} new tokens per stream after {T}-token prompts, greedy; tokens/s counts every stream's new tokens.")
+    print()
+    read_per_token = weight_bytes(model) - model.wpe.weight.nbytes
+    batch_times = {k: times.pop(k) for k in (batch_name, hf_name)}
+    speed, bound = common.print_speeds_and_bound(times, n, read_per_token, "every parameter but the position table")
+    for k, t in batch_times.items():
+        speed[k] = S * n / t
+    print()
+    common.print_table(["run (all streams)", "seconds", "tokens/s"],
+                       [[k, f"{t:.2f}", f"{speed[k]:.1f}"] for k, t in batch_times.items()])
+    single, alone = speed[single_name], speed[common.PROBE + "products alone"]
+    common.print_target("lab 12 one stream ÷ the products alone", single / alone, 0.85, percent=True)
+    print(f"- lab 06 generate ÷ the products alone: {100 * speed['lab 06 generate (KV cache), 1 stream'] / alone:.0f}%")
+    common.print_target(f"{S} streams ÷ one stream (aggregate tokens/s)", speed[batch_name] / single, 5.0)
+    common.print_target(f"{S} streams ÷ the single-stream bandwidth bound", speed[batch_name] / bound, 1.0)
+    common.print_target(f"{S} streams ÷ HuggingFace generate() on the same batch", speed[batch_name] / speed[hf_name],
+                        2.0)
+    alone_each = [generation.generate(model, p[None], n, temperature=0)[0] for p in prompts]
+    print(f"- every stream's tokens equal lab 06's generate of its prompt alone: "
+          f"{common.all_same([outputs[batch_name], np.stack(alone_each)])}; HuggingFace's batch gives them too: "
+          f"{common.all_same([outputs[batch_name], outputs[hf_name]])}")
+    print()
+    return {"single": single / alone, "batch": speed[batch_name], "vs_single": speed[batch_name] / single,
+            "vs_bound": speed[batch_name] / bound, "vs_hf": speed[batch_name] / speed[hf_name]}
+
+
+# -- 4. speculative decoding -------------------------------------------------------------------------
+
+def held_out_ids(tokenizer_module) -> np.ndarray:
+    """The held-out end of the kit's Shakespeare as the trained models' BPE ids."""
+    from gptkit.notebook import TrainedModel
+
+    trained = TrainedModel(TARGET)
+    tok = tokenizer_module.Tokenizer(trained.vocab, trained.merges)
+    text = CORPUS.read_text(encoding="utf-8")
+    return np.asarray(tok.encode(text[int(HELD_OUT * len(text)):]), dtype=np.int64)
+
+
+def bench_speculative(args, inference, generation, gpt2_weights, held_out) -> dict:
+    target, draft = gpt2_weights.load_gpt2(TARGET), gpt2_weights.load_gpt2(DRAFT)
+    target.eval(), draft.eval()
+    L, P, k = 16, args.prompts, args.k
+    n = target.max_seq_len - L
+    starts = np.linspace(0, len(held_out) - L - 1, P).astype(int)
+    prompts = [held_out[s:s + L] for s in starts]  # (L,) each
+    stats = {}
+
+    def each(fn):
+        return lambda: [np.asarray(fn(p)).reshape(-1) for p in prompts]
+
+    def speculative(name, drafter):
+        def run():
+            outs, total = [], {"proposed": 0, "accepted": 0, "rounds": 0}
+            for p in prompts:
+                tokens, st = inference.speculative_greedy(target, drafter, p, n, k=k)
+                outs.append(tokens)
+                total = {key: total[key] + st[key] for key in total}
+            stats[name] = total
+            return outs
+        return run
+
+    plain = "plain cached decoding (lab 06 generate)"
+    with_draft, with_lookup = f"speculative, draft model, k = {k}", f"speculative, prompt lookup, k = {k}"
+    target_12, draft_12 = "target alone, lab 12 decoder", "draft alone, lab 12 decoder"
+    times, outputs = common.time_runs({
+        plain: (each(lambda p: generation.generate(target, p[None], n, temperature=0)), args.repeats),
+        with_draft: (speculative(with_draft, draft), args.repeats),
+        with_lookup: (speculative(with_lookup, None), args.repeats),
+        target_12: (each(lambda p: one_stream(inference, target, p, n)()), args.repeats),
+        draft_12: (each(lambda p: one_stream(inference, draft, p, n)()), args.repeats)})
+    print("### Speculative decoding, the trained pair")
+    print()
+    print(f"Target: {len(target.h)} layers, width {target.d_model}; draft: {len(draft.h)} layer, width "
+          f"{draft.d_model}; {P} prompts of {L} held-out tokens, {n} new tokens each (the models' context is "
+          f"{target.max_seq_len}), greedy.")
+    print()
+    speed = common.print_speeds(times, P * n)
+    base = speed[plain]
+    for name in (with_draft, with_lookup):
+        proposed, accepted, rounds = (stats[name][key] for key in ("proposed", "accepted", "rounds"))
+        same = common.all_same([np.concatenate(outputs[name]), np.concatenate(outputs[plain])])
+        common.print_target(f"{name} ÷ plain", speed[name] / base, 1.5)
+        print(f"  - acceptance: {accepted} of {proposed} proposed tokens ({100 * accepted / max(proposed, 1):.0f}%), "
+              f"{P * n / rounds:.2f} tokens per target pass; identical greedy tokens: {same}")
+    # What the measured acceptance allows: per target pass, (proposed / rounds) draft steps of
+    # cost c each (in target steps) and the pass itself, costed as one step (a lower bound).
+    c = speed[target_12] / speed[draft_12]
+    st = stats[with_draft]
+    per_pass, drafts = P * n / st["rounds"], st["proposed"] / st["rounds"]
+    ceiling = per_pass / (drafts * c + 1) * speed[target_12] / base
+    print(f"- what this draft allows: a draft step costs {c:.2f} of a target step (each alone in the lab 12 "
+          f"decoder, which runs at {speed[target_12] / base:.2f}× plain); {drafts:.2f} draft steps per pass for "
+          f"{per_pass:.2f} tokens give at most {ceiling:.2f}× plain decoding, even if the target's pass over "
+          f"{k + 1} tokens cost no more than one step")
+    print()
+    return {"draft": speed[with_draft] / base, "lookup": speed[with_lookup] / base, "ceiling": ceiling,
+            "acceptance": stats[with_draft]["accepted"] / max(stats[with_draft]["proposed"], 1)}
+
+
+# -- 5. int8 ------------------------------------------------------------------------------------------
+
+def weight_bytes(model) -> int:
+    """Bytes of every array the model holds as a parameter (int8 weights and their scales included)."""
+    return sum(int(p.nbytes) for _, p in model.named_parameters())
+
+
+def int8_products(model, n: int, repeats: int) -> dict:
+    """A run for ``time_runs``: the int8 model's products alone, ``n`` tokens' worth: every
+    ``Int8Linear`` and the ``Int8Embedding`` head on one row, back to back (dequantising
+    tile by tile, as in a step), nothing else of a step."""
+    layers = [layer for b in model.h for layer in (b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj)]
+    rows = [np.ones((1, layer.d_in), np.float32) for layer in layers]
+    last = np.ones((1, model.d_model), np.float32)
+
+    def products():
+        for _ in range(n):
+            for x, layer in zip(rows, layers):
+                layer(x)
+            model.wte.head(last)
+
+    return {common.PROBE + "int8 products alone": (products, repeats)}
+
+
+def bench_int8(args, make_model, inference, gpt2_weights, generation, held_out) -> dict:
+    n, T = args.new_tokens, args.prompt
+    f32 = make_model()
+    q8 = inference.quantize_model(make_model())
+    before, after = weight_bytes(f32), weight_bytes(q8)
+    prompt = np.random.default_rng(11).integers(0, f32.vocab_size, T)
+    runs = {"float32, lab 12 decoder": (one_stream(inference, f32, prompt, n), args.repeats),
+            "int8, lab 12 decoder": (one_stream(inference, q8, prompt, n), args.repeats),
+            **common.matvecs_run([w for b in f32.h for w in (b.attn.c_attn.weight, b.attn.c_proj.weight,
+                                                               b.mlp.c_fc.weight, b.mlp.c_proj.weight)]
+                                 + [f32.wte.weight.T], n, args.repeats),
+            **int8_products(q8, n, args.repeats)}
+    times, outputs = common.time_runs(runs)
+    times["float32 products alone"] = times.pop(common.PROBE + "products alone")
+    times["int8 products alone (dequantised tile by tile)"] = times.pop(common.PROBE + "int8 products alone")
+    print(f"### Weight-only int8, GPT-2 small (block {64})")
+    print()
+    print(f"One stream, {n} new tokens after a {T}-token prompt, greedy; the products alone are each model's "
+          "matrix products for as many tokens, back to back.")
+    print()
+    speed = common.print_speeds(times, n)
+    ratio = before / after
+    check("weight bytes, float32 ÷ int8", f"{ratio:.2f}× ({before / 1e6:.0f} MB → {after / 1e6:.0f} MB, every "
+          "parameter, scales included)", "3.5–4×", 3.5 <= ratio <= 4.0)
+    fast = speed["int8, lab 12 decoder"] / speed["float32, lab 12 decoder"]
+    common.print_target("int8 decoding ÷ float32", fast, 1.2)
+    print(f"- the products alone, int8 ÷ float32: "
+          f"{speed['int8 products alone (dequantised tile by tile)'] / speed['float32 products alone']:.2f}×; "
+          f"the int8 decoder's tokens equal float32's: "
+          f"{common.all_same([outputs['int8, lab 12 decoder'], outputs['float32, lab 12 decoder']])}")
+    del f32, q8
+
+    target = gpt2_weights.load_gpt2(TARGET)
+    target.eval()
+    W = target.max_seq_len
+    count = min(args.windows, len(held_out) // W)
+    windows = held_out[:count * W].reshape(count, W)
+    p32 = float(generation.perplexity(target, windows))
+    p8 = float(generation.perplexity(inference.quantize_model(target), windows))
+    change = p8 / p32 - 1
+    check(f"perplexity of the trained model on {count} held-out windows of {W} tokens",
+          f"float32 {p32:.3f}, int8 {p8:.3f} ({100 * change:+.2f}%)", "within ±1%", abs(change) <= 0.01)
+    print()
+    return {"bytes": ratio, "speed": fast, "ppl": change}
+
+
+def main() -> None:
+    args = parse_args()
+    model, hf, n_params = common.gpt2_small_pair(THREADS, seed=2024)
+    import generation  # the reference labs, importable once gpt2_small_pair has set the path
+    import gpt
+    import gpt2_weights
+    import inference
+    import tokenizer
+
+    from gptkit.checkpoints import GPT2_SMALL, random_gpt2_state
+
+    load = os.getloadavg()[0]
+    common.print_machine(THREADS, f"; load average {load:.1f} at the start (other work on the "
+                                  "machine weighs on every contestant alike, the memory-bound ones most)")
+    print(f"GPT-2 small's shape: {n_params / 1e6:.1f}M parameters, random, float32.")
+    print()
+    forward = bench_forward(args, model, hf, inference)
+    decoding = bench_decoding(args, model, hf, inference, generation)
+    del hf
+    held_out = held_out_ids(tokenizer)
+    spec = bench_speculative(args, inference, generation, gpt2_weights, held_out)
+
+    def make_model():
+        return gpt.GPTModel(**GPT2_SMALL.model_kwargs()).load_state_dict(
+            random_gpt2_state(GPT2_SMALL, np.random.default_rng(2024))).eval()
+
+    del model
+    q = bench_int8(args, make_model, inference, gpt2_weights, generation, held_out)
+    print(f"Load average at the end: {os.getloadavg()[0]:.1f}.")
+    print()
+    common.print_summary(
+        f"lab 12's forward of GPT-2 small takes {forward['fast']:.2f}× PyTorch's time (lab 04's {forward['plain']:.2f}×); "
+        f"one stream decodes at {100 * decoding['single']:.0f}% of its products alone, {args.streams} streams at "
+        f"{decoding['vs_single']:.1f}× one ({decoding['vs_hf']:.1f}× HuggingFace); speculative decoding "
+        f"{spec['draft']:.2f}× with the draft ({100 * spec['acceptance']:.0f}% accepted), {spec['lookup']:.2f}× with "
+        f"prompt lookup; int8 weights {q['bytes']:.1f}× smaller, {q['speed']:.2f}× the speed, perplexity "
+        f"{100 * q['ppl']:+.2f}% ({common.threads(THREADS)}, load average {load:.1f} at the start)")
+
+
+if __name__ == "__main__":
+    main()

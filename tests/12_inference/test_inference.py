@@ -1,0 +1,567 @@
+"""Lab 12 · inference engineering: profiling, tiled attention, a fast forward pass, batched
+and speculative decoding, weight-only int8.
+
+Expected values are stored fixtures made from the reference solutions of labs 01–06 (lab
+01's attention, lab 04's logits, lab 06's greedy ``generate`` run alone on each prompt), so
+no test here needs PyTorch. Nothing is timed against a clock: the profile's tables are
+checked for their structure, the tiles that tiled attention skips are counted, and its
+memory is the peak that Python's ``tracemalloc`` sees. The accept/reject rule of
+speculative sampling is checked statistically (many seeded draws, each token's frequency
+within five standard deviations of the target's probability).
+"""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gptkit.testing import (arguments_written_back, assert_close, assert_ndarray, explains_errors, fixture_params, lab,
+                            load_fixture, raises_clearly, stored_diagnoses)
+from gptkit.testing.parameters import set_parameters
+
+I = lab("inference")
+G = lab("gpt")
+LAB = "12_inference"
+V, D, LAYERS, HEADS, L = 40, 16, 2, 2, 48  # the fixtures' target model (d_head = 8)
+DRAFT = dict(vocab_size=V, d_model=8, num_layers=1, num_heads=2, d_ff=32, max_seq_len=L)  # the small draft
+ATTENTION = ["a", "b", "c", "d"]  # the fixture's attention shapes (make_fixtures.ATTENTION)
+SPEC = ["self", "near", "small", "lookup", "eos"]  # the fixture's speculative settings
+SPEC_NEW = 23
+NO_KEY_SEEN = ("a query row whose running sum l stayed 0 saw no key at all: every query sees the keys up to its "
+               "own position, so the tile on the diagonal must be visited, and l and acc start at 0 with m at −inf")
+SPEC_HINT = ("each round emits the accepted drafts and then the target's own next token (the correction, or the bonus "
+             "token when every draft is accepted), and cuts the target's and the draft's caches back to the tokens "
+             "kept; a cache that is not cut back overflows or feeds a token twice")
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+def _model(prefix="param.", case="model", **shape):
+    """The student's GPTModel holding one of the fixtures' random GPT-2s (every parameter random)."""
+    f = load_fixture(LAB, case)
+    kwargs = shape or dict(vocab_size=V, d_model=D, num_layers=LAYERS, num_heads=HEADS, d_ff=4 * D, max_seq_len=L)
+    model = G.GPTModel(**kwargs, rng=np.random.default_rng(1))
+    return set_parameters(model, fixture_params(f, prefix), f"GPTModel({', '.join(f'{k}={v}' for k, v in kwargs.items())})")
+
+
+def _attention64(q, k, v):
+    """Causal attention in float64, query i at position S − T + i."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    T, S = q.shape[-2], k.shape[-2]
+    s = q @ k.swapaxes(-1, -2) / math.sqrt(q.shape[-1])
+    s = np.where(np.arange(S)[None, :] <= (S - T + np.arange(T))[:, None], s, -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    return (w / w.sum(-1, keepdims=True)) @ v
+
+
+def _names(num_layers):
+    blocks = [f"h.{i}.{part}" for i in range(num_layers) for part in ("ln_1", "attn", "ln_2", "mlp")]
+    return ["embeddings", *blocks, "ln_f", "head", "total"]
+
+
+def _check_table(table, what, num_layers):
+    __tracebackhide__ = True
+    if not isinstance(table, list) or not all(isinstance(r, tuple) and len(r) == 2 for r in table):
+        raise AssertionError(f"{what} must return a list of (name, seconds) tuples, got {type(table).__name__}")
+    names = [r[0] for r in table]
+    want = _names(num_layers)
+    missing = [n for n in want if n not in names]
+    if names != want:
+        raise AssertionError(f"{what}: the rows must be, in order, {want}; got {names}"
+                             + (f" (missing: {missing})" if missing else ""))
+    seconds = [r[1] for r in table]
+    if not all(isinstance(s, float) and math.isfinite(s) and s >= 0 for s in seconds):
+        raise AssertionError(f"{what}: every time must be a Python float ≥ 0 (seconds), got {seconds}")
+    if not math.isclose(seconds[-1], sum(seconds[:-1]), rel_tol=1e-9, abs_tol=1e-12):
+        raise AssertionError(f"{what}: the total row ({seconds[-1]:.3g} s) must be the sum of the rows above it "
+                             f"({sum(seconds[:-1]):.3g} s)")
+    if seconds[-1] <= 0:
+        raise AssertionError(f"{what}: the total is 0 s: were the parts timed at all?")
+
+
+# --- measure first ---------------------------------------------------------------------------------
+
+def test_profile_forward_names_every_layer_and_adds_up():
+    model = _model()
+    ids = load_fixture(LAB, "model")["ids"]
+    _check_table(I.profile_forward(model, ids, repeats=2), "profile_forward(model, ids)", LAYERS)
+
+
+def test_profile_decode_step_names_every_layer_and_leaves_the_cache():
+    model = _model()
+    ids = load_fixture(LAB, "model")["ids"]
+    cache = I.SlotCache(model, 2)
+    I.forward_slots(model, ids[:, :6], cache, np.arange(2))
+    table = I.profile_decode_step(model, ids[:, 6:7], cache, repeats=2)
+    _check_table(table, "profile_decode_step(model, ids (2, 1), cache)", LAYERS)
+    lengths = assert_ndarray(cache.lengths, "SlotCache.lengths", dtype="iu", shape=(2,))
+    assert lengths.tolist() == [6, 6], (f"profile_decode_step must leave the cache's lengths as they were ([6, 6]), "
+                                        f"got {lengths.tolist()}: the step is only measured")
+
+
+# --- tiled attention --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", ATTENTION)
+def test_tiled_attention_matches_causal_attention(case):
+    f = load_fixture(LAB, "attention")
+    bq, bk = (int(b) for b in f[f"blocks_{case}"])
+    out = I.tiled_causal_attention(f[f"q_{case}"], f[f"k_{case}"], f[f"v_{case}"], block_q=bq, block_k=bk)
+    expected = f[f"out_{case}"]
+    assert_ndarray(out, f"tiled_causal_attention (block_q={bq}, block_k={bk})", dtype=np.float32, shape=expected.shape)
+    T, S = f[f"q_{case}"].shape[-2], f[f"k_{case}"].shape[-2]
+    assert_close(out, expected, what=f"tiled attention, T={T} queries over S={S} keys, tiles {bq}×{bk}",
+                 diagnoses=stored_diagnoses(f, f"out_{case}"), hint=NO_KEY_SEEN)
+
+
+@pytest.mark.parametrize("case", ATTENTION)
+def test_tiles_above_the_diagonal_are_skipped(case):
+    f = load_fixture(LAB, "attention")
+    bq, bk = (int(b) for b in f[f"blocks_{case}"])
+    q, k, v = f[f"q_{case}"], f[f"k_{case}"], f[f"v_{case}"]
+    out, stats = I.tiled_causal_attention(q, k, v, block_q=bq, block_k=bk, return_stats=True)
+    assert_close(out, f[f"out_{case}"], what="tiled attention with return_stats=True")
+    T, S = q.shape[-2], k.shape[-2]
+    total, visited = int(f[f"total_{case}"]), int(f[f"visited_{case}"])
+    assert isinstance(stats, dict) and {"tiles_total", "tiles_visited"} <= set(stats), \
+        f"return_stats=True must return (out, stats) with stats {{'tiles_total': …, 'tiles_visited': …}}, got {stats!r}"
+    assert stats["tiles_total"] == total, (f"T={T}, S={S} in tiles of {bq}×{bk}: there are ceil(T/block_q)·ceil(S/"
+                                           f"block_k) = {total} tiles, stats says {stats['tiles_total']}")
+    assert stats["tiles_visited"] <= visited, (
+        f"T={T}, S={S}, tiles {bq}×{bk}: {stats['tiles_visited']} tiles visited, but only {visited} hold a key "
+        f"that some query of their block may see: the tiles wholly above the diagonal must be skipped")
+    assert stats["tiles_visited"] == visited, (
+        f"T={T}, S={S}, tiles {bq}×{bk}: {stats['tiles_visited']} tiles visited, expected {visited}: every tile "
+        f"up to and including the diagonal holds keys some query may see")
+
+
+def test_tiled_attention_memory_grows_like_T_not_T_squared():
+    """In float64 (8 bytes a number), so that the bound counts the arrays of the computation itself."""
+    T, d, block = 4096, 16, 128
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal((T, d)) for _ in range(3))
+    out, peak = I.peak_memory(I.tiled_causal_attention, q, k, v, block_q=block, block_k=block)
+    out = assert_ndarray(out, "tiled_causal_attention (T=4096, float64)", dtype=np.float64, shape=(T, d))
+    rows = [0, 1, 2047, T - 1]
+    assert_close(out[rows], _rows64(q, k, v, rows),
+                 what="tiled attention at T=4096 (rows 0, 1, 2047, 4095)")
+    bound = 8 * (6 * T * d + 4 * block * block)
+    assert peak <= bound, (
+        f"tiled attention at T={T}, d={d}, tiles {block}×{block} held {peak / 1e6:.2f} MB at its peak; O(T·d) memory "
+        f"allows {bound / 1e6:.2f} MB (a few (T, d) arrays and (block_q, block_k) tiles), while a (T, T) array of "
+        f"scores alone is {T * T * 8 / 1e6:.0f} MB: never build the whole score matrix, nor a row block of it "
+        f"over every key")
+
+
+def _rows64(q, k, v, rows):
+    """Causal attention (T = S) of the given query rows only, in float64."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    out = []
+    for i in rows:
+        s = k[: i + 1] @ q[i] / math.sqrt(q.shape[-1])
+        w = np.exp(s - s.max())
+        out.append((w / w.sum()) @ v[: i + 1])
+    return np.stack(out)
+
+
+@given(T=st.integers(1, 19), extra=st.integers(0, 9), bq=st.integers(1, 8), bk=st.integers(1, 8),
+       seed=st.integers(0, 2**16))
+def test_tiled_attention_any_tiles(T, extra, bq, bk, seed):
+    rng = np.random.default_rng(seed)
+    S = T + extra
+    q = (2 * rng.standard_normal((2, T, 4))).astype(np.float32)
+    k, v = rng.standard_normal((2, S, 4)).astype(np.float32), rng.standard_normal((2, S, 3)).astype(np.float32)
+    out = I.tiled_causal_attention(q, k, v, block_q=bq, block_k=bk)
+    assert_close(out, _attention64(q, k, v), what="tiled attention on random shapes and tiles",
+                 hint=f"T={T}, S={S}, tiles {bq}×{bk}; {NO_KEY_SEEN}")
+
+
+def test_tiled_attention_is_float32_and_rejects_bad_shapes():
+    f = load_fixture(LAB, "attention")
+    q, k, v = f["q_b"], f["k_b"], f["v_b"]
+    out = I.tiled_causal_attention(q, k, v, block_q=4, block_k=7)
+    assert_close(out, f["out_b"], what="tiled attention")
+    assert_ndarray(out, "tiled_causal_attention on float32", dtype=np.float32)
+    with raises_clearly(ValueError, when="tiled attention with fewer keys than queries (S < T)", mentions="S"):
+        I.tiled_causal_attention(k, q, q[..., :6])
+    with raises_clearly(ValueError, when="tiled attention with v of another length than k"):
+        I.tiled_causal_attention(q, k, v[..., :-1, :])
+
+
+# --- the fast forward pass ---------------------------------------------------------------------------
+
+def test_fast_gelu_is_gpt2s_tanh_gelu_in_place():
+    f = load_fixture(LAB, "gelu")
+    x = f["x"]
+    with arguments_written_back():
+        y = I.fast_gelu(x)
+    assert_close(y, f["gelu"], what="fast_gelu(x) for x in [−6, 6]", diagnoses=stored_diagnoses(f, "gelu"),
+                 hint="0.5·(1 + tanh u) = 1 / (1 + exp(−2u)) with u = √(2/π)·(x + 0.044715·x³)")
+    assert_ndarray(y, "fast_gelu on float32", dtype=np.float32)
+    assert np.allclose(x, f["gelu"], atol=1e-5, rtol=1e-4), (
+        "fast_gelu must write gelu(x) into x itself (in place) and return it; x still holds other values")
+
+
+def test_fast_forward_matches_the_model():
+    f = load_fixture(LAB, "model")
+    model = _model()
+    with explains_errors("fast_forward(model, ids (2, 33), block_q=8, block_k=8)",
+                         "it runs the same layers as lab 04's forward, on (B·T, D) arrays"):
+        logits = I.fast_forward(model, f["ids"], block_q=8, block_k=8)
+    assert_close(logits, f["logits"], what="fast_forward's logits (lab 04's model(ids) is the reference)",
+                 diagnoses=stored_diagnoses(f, "logits"), atol=1e-4)
+
+
+def test_fast_forward_is_float32_and_checks_its_input():
+    f = load_fixture(LAB, "model")
+    model = _model()
+    logits = I.fast_forward(model, f["ids"][:1, :10])
+    assert_close(logits, f["logits"][:1, :10], what="fast_forward on the first 10 tokens of row 0", atol=1e-4)
+    assert_ndarray(logits, "fast_forward", dtype=np.float32, shape=(1, 10, V))
+    with raises_clearly(ValueError, when=f"fast_forward on {L + 1} tokens (max_seq_len={L})", mentions="max_seq_len"):
+        I.fast_forward(model, np.zeros((1, L + 1), dtype=np.int64))
+
+
+# --- batched decoding -----------------------------------------------------------------------------------
+
+def test_forward_slots_runs_rows_at_their_own_positions():
+    f = load_fixture(LAB, "slots")
+    model = _model()
+    cache = I.SlotCache(model, 3)
+    for i in range(4):
+        ids, slots = f[f"ids_{i}"], f[f"slots_{i}"]
+        starts = cache.lengths[slots].tolist()
+        logits = I.forward_slots(model, ids, cache, slots)
+        assert_close(logits, f[f"logits_{i}"], diagnoses=stored_diagnoses(f, f"logits_{i}"), atol=1e-4,
+                     what=f"forward_slots call {i + 1}: rows in slots {slots.tolist()} at positions {starts} …, "
+                          f"{ids.shape[1]} new token(s) each (lab 04's logits of each row's sequence so far)")
+    lengths = assert_ndarray(cache.lengths, "SlotCache.lengths", dtype="iu", shape=(3,))
+    assert lengths.tolist() == f["lengths"].tolist(), (
+        f"after the four calls the slots hold {f['lengths'].tolist()} tokens; the cache's lengths say "
+        f"{lengths.tolist()}: forward_slots advances the lengths of the slots it ran by T")
+
+
+def test_slot_cache_reset_empties_one_slot():
+    f = load_fixture(LAB, "slots")
+    model = _model()
+    cache = I.SlotCache(model, 3)
+    I.forward_slots(model, f["ids_0"], cache, f["slots_0"])
+    I.forward_slots(model, f["ids_1"], cache, f["slots_1"])
+    cache.reset(2)
+    assert cache.lengths.tolist() == [9, 0, 0], f"reset(2) must set slot 2's length to 0 and keep slot 0's 9, got {cache.lengths.tolist()}"
+    logits = I.forward_slots(model, f["ids_0"], cache, f["slots_0"])  # slot 2 holds row a from its start again
+    assert_close(logits, f["logits_0"], what="forward_slots on a slot after reset (a new sequence from position 0)",
+                 atol=1e-4)
+
+
+def test_forward_slots_rejects_bad_slots():
+    f = load_fixture(LAB, "slots")
+    model = _model()
+    cache = I.SlotCache(model, 2)
+    assert_close(I.forward_slots(model, f["ids_0"], cache, np.array([1])), f["logits_0"],
+                 what="forward_slots on slot 1 of a 2-slot cache", atol=1e-4)
+    with raises_clearly(ValueError, when="forward_slots with the same slot twice", mentions="slot"):
+        I.forward_slots(model, np.zeros((2, 1), np.int64), cache, np.array([1, 1]))
+    with raises_clearly(ValueError, when="forward_slots with slot 2 of a 2-slot cache", mentions="slot"):
+        I.forward_slots(model, np.zeros((1, 1), np.int64), cache, np.array([2]))
+    with raises_clearly(ValueError, when="forward_slots with 2 rows of ids and 1 slot", mentions="slot"):
+        I.forward_slots(model, np.zeros((2, 1), np.int64), cache, np.array([0]))
+
+
+def _requests(f, n=5):
+    return [(f[f"prompt_{i}"], int(f["max_new"][i]), int(f["eos"]) if i == 4 else None) for i in range(n)]
+
+
+def test_one_step_advances_prompts_of_different_lengths_together():
+    f = load_fixture(LAB, "batched")
+    model = _model()
+    dec = I.BatchedDecoder(model, 3)
+    reqs = _requests(f, 3)  # prompts of 3, 7 and 1 tokens
+    rids = [dec.submit(p, n, eos=e) for p, n, e in reqs]
+    assert rids == [0, 1, 2], f"submit returns request ids 0, 1, 2, … in order; got {rids}"
+    emitted = dec.step()
+    want = {i: int(f["tokens"][i, len(reqs[i][0])]) for i in range(3)}
+    assert emitted == want, (f"one step over prompts of 3, 7 and 1 tokens must give each request its first greedy "
+                             f"token {want}; got {emitted}. The prefill runs a prompt's tokens but its last, and the "
+                             f"step feeds that last token at position T − 1: fed twice, it sits at two positions")
+    assert dec.forward_calls == 3, (
+        f"the first step runs 2 prefills (the prompts of 3 and 7 tokens, all but their last token; a 1-token prompt "
+        f"needs none) and ONE forward pass for all three requests: 3 forward passes, the decoder counted "
+        f"{dec.forward_calls}")
+
+
+def _run(dec, f):
+    for p, n, e in _requests(f):
+        dec.submit(p, n, eos=e)
+    trace = []
+    while dec.step():
+        trace.append([-1 if s is None else s for s in dec.slots])
+        if len(trace) > 100:
+            raise AssertionError("the decoder still runs after 100 steps: finished requests must leave their slots")
+    return trace, dec.run()
+
+
+def test_batched_requests_get_exactly_their_greedy_tokens():
+    f = load_fixture(LAB, "batched")
+    dec = I.BatchedDecoder(_model(), 2)
+    _, done = _run(dec, f)
+    expected = f["tokens"]
+    assert sorted(done) == list(range(5)), f"run() must return every request's tokens by id 0 … 4, got ids {sorted(done)}"
+    got = np.full(expected.shape, -1, dtype=np.int64)
+    for rid, tokens in done.items():
+        tokens = assert_ndarray(tokens, f"run()[{rid}]", dtype="iu")
+        got[rid, : min(len(tokens), got.shape[1])] = tokens[: got.shape[1]]
+        if len(tokens) > got.shape[1]:
+            got[rid, -1] = -2
+    assert_close(got, expected, atol=0, rtol=0, diagnoses=stored_diagnoses(f, "tokens"),
+                 what="five requests through 2 slots, each row prompt + new tokens padded with −1 (lab 06's greedy "
+                      "generate of each request alone; request 4 stops at its eos)")
+
+
+def test_a_finished_request_frees_its_slot_at_once():
+    f = load_fixture(LAB, "batched")
+    dec = I.BatchedDecoder(_model(), 2)
+    trace, _ = _run(dec, f)
+    expected = f["trace"]
+    got = np.array(trace, dtype=np.int64).reshape(-1, 2)
+    assert_close(got if got.shape == expected.shape else np.full(expected.shape, -9), expected, atol=0, rtol=0,
+                 diagnoses=stored_diagnoses(f, "trace"),
+                 what="the request in each slot after each step (−1: free)",
+                 hint=f"{len(trace)} steps, expected {len(expected)}: continuous batching gives a finished "
+                      f"request's slot to the next waiting request at the very next step")
+
+
+def test_each_step_is_one_forward_pass_for_the_whole_batch():
+    f = load_fixture(LAB, "batched")
+    dec = I.BatchedDecoder(_model(), 2)
+    trace, done = _run(dec, f)
+    assert_close(np.array([len(t) for t in done.values()]), np.array([(r >= 0).sum() for r in f["tokens"]]),
+                 atol=0, rtol=0, what="the number of tokens of each request")
+    want = int(f["forward_calls"])
+    assert dec.forward_calls == want, (
+        f"{len(trace)} steps and 4 prefills (prompts longer than one token) make {want} forward passes; the decoder "
+        f"made {dec.forward_calls}: each step must be one forward pass for the whole batch")
+
+
+def test_submit_rejects_what_cannot_fit():
+    f = load_fixture(LAB, "batched")
+    dec = I.BatchedDecoder(_model(), 2)
+    prompt, n, _ = _requests(f, 1)[0]
+    assert dec.submit(prompt, n) == 0
+    done = dec.run()
+    expected = f["tokens"][0][f["tokens"][0] >= 0]
+    assert_close(done[0] if done[0].shape == expected.shape else np.zeros(expected.shape), expected, atol=0, rtol=0,
+                 what="one request alone through the decoder")
+    with raises_clearly(ValueError, when=f"submit 10 tokens + 40 new (max_seq_len={L})", mentions="max_seq_len"):
+        dec.submit(np.zeros(10, np.int64), 40)
+    with raises_clearly(ValueError, when=f"submit a prompt holding id {V} (vocabulary 0 … {V - 1})", mentions="vocabulary"):
+        dec.submit(np.array([1, V]), 3)
+    with raises_clearly(ValueError, when="submit an empty prompt", mentions="token"):
+        dec.submit(np.zeros(0, np.int64), 3)
+
+
+# --- speculative decoding -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("i", [0, 1, 3, 4])
+def test_prompt_lookup_draft(i):
+    f = load_fixture(LAB, "lookup")
+    context, k, ngram = f[f"context_{i}"], int(f[f"k_{i}"]), int(f[f"ngram_{i}"])
+    got = I.prompt_lookup_draft(context, k, ngram=ngram)
+    expected = f[f"draft_{i}"]
+    got = assert_ndarray(got, "prompt_lookup_draft", dtype="iu")
+    what = f"prompt_lookup_draft({context.tolist()}, k={k}, ngram={ngram}), expected {expected.tolist()}"
+    if got.shape != expected.shape:
+        for label, wrong in stored_diagnoses(f, f"draft_{i}").items():
+            if wrong.shape == got.shape and np.array_equal(wrong, got):
+                raise AssertionError(f"{what}. Your result matches {label}")
+        raise AssertionError(f"{what}; got {got.tolist()}")
+    assert_close(got, expected, atol=0, rtol=0, diagnoses=stored_diagnoses(f, f"draft_{i}"), what=what)
+
+
+def test_prompt_lookup_draft_proposes_nothing_without_a_match():
+    f = load_fixture(LAB, "lookup")
+    got = I.prompt_lookup_draft(f["context_2"], int(f["k_2"]), ngram=int(f["ngram_2"]))
+    got = assert_ndarray(got, "prompt_lookup_draft", dtype="iu")
+    assert got.shape == (0,), (f"prompt_lookup_draft({f['context_2'].tolist()}, k=2): no token occurs twice, so no "
+                               f"n-gram matches and nothing is proposed (an empty array); got {got.tolist()}")
+
+
+def _draft(name):
+    if name in ("self",):
+        return _model()
+    if name in ("near", "eos"):
+        return _model("near.", "speculative")
+    if name == "small":
+        return _model("small.", "speculative", **DRAFT)
+    return None
+
+
+def _speculate(f, name):
+    prompt = f["prompt_1"] if name == "lookup" else f["prompt_0"]
+    k, ngram = int(f[f"k_{name}"]), int(f[f"ngram_{name}"])
+    eos = int(f["eos"]) if name == "eos" else None
+    draft = _draft(name)
+    with explains_errors(f"speculative_greedy(target, {'None' if draft is None else 'draft'}, prompt, {SPEC_NEW}, "
+                         f"k={k})", SPEC_HINT):
+        return I.speculative_greedy(_model(), draft, prompt, SPEC_NEW, k=k, ngram=ngram, eos=eos)
+
+
+@pytest.mark.parametrize("name", SPEC)
+def test_speculative_greedy_gives_the_greedy_tokens(name):
+    f = load_fixture(LAB, "speculative")
+    tokens, _ = _speculate(f, name)
+    expected = f[f"tokens_{name}"]
+    tokens = assert_ndarray(tokens, "speculative_greedy", dtype="iu")
+    what = {"self": "the target as its own draft", "near": "a draft near the target", "small": "a small random draft",
+            "lookup": "prompt lookup drafts", "eos": "a draft near the target, stopping at eos"}[name]
+    got = tokens if tokens.shape == expected.shape else np.full(expected.shape, -1)
+    assert_close(got, expected, atol=0, rtol=0, diagnoses=stored_diagnoses(f, f"tokens_{name}"),
+                 what=f"speculative greedy decoding with {what}: lab 06's greedy tokens",
+                 hint=f"{len(tokens)} tokens, expected {len(expected)}: {SPEC_HINT}")
+
+
+@pytest.mark.parametrize("name", SPEC)
+def test_speculative_counts_proposals_and_acceptances(name):
+    f = load_fixture(LAB, "speculative")
+    tokens, stats = _speculate(f, name)
+    assert_close(tokens if tokens.shape == f[f"tokens_{name}"].shape else np.zeros(f[f"tokens_{name}"].shape),
+                 f[f"tokens_{name}"], atol=0, rtol=0, what="speculative greedy tokens")
+    assert isinstance(stats, dict) and {"proposed", "accepted", "rounds"} <= set(stats), \
+        f"speculative_greedy returns (tokens, stats) with stats {{'proposed', 'accepted', 'rounds'}}, got {stats!r}"
+    got = np.array([stats["proposed"], stats["accepted"], stats["rounds"]])
+    expected = f[f"counts_{name}"]
+    hint = (f"with the target as its own draft every draft is accepted and each round emits k + 1 = "
+            f"{int(f['k_self']) + 1} tokens: the accepted drafts and the bonus token" if name == "self" else
+            "each round proposes min(k, tokens still to emit − 1) drafts, accepts the longest prefix that matches "
+            "the target's own choices, and is one forward pass of the target; the draft's cache is cut back to the "
+            "tokens kept")
+    assert_close(got, expected, atol=0, rtol=0, diagnoses=stored_diagnoses(f, f"counts_{name}"), hint=hint,
+                 what=f"(proposed, accepted, rounds) of speculative greedy decoding ({name})")
+
+
+P = np.array([0.05, 0.30, 0.10, 0.25, 0.20, 0.10])  # the target's distribution in the sampling tests
+Q = np.array([0.25, 0.10, 0.30, 0.05, 0.20, 0.10])  # the draft's
+DRAWS = 60000
+
+
+def _residual(p, q):
+    r = np.maximum(p - q, 0)
+    return r / r.sum()
+
+
+SAMPLING_MISTAKES = {  # what a biased rule's tokens follow
+    "the draft's distribution q: every drafted token was accepted": Q,
+    "the distribution of accepting with probability p(token) instead of min(1, p/q)":
+        Q * P + (1 - (Q * P).sum()) * _residual(P, Q),
+    "the distribution of resampling from p itself on a rejection (the residual norm(max(0, p − q)) belongs there)":
+        np.minimum(P, Q) + (1 - np.minimum(P, Q).sum()) * P,
+}
+
+
+def test_accept_or_resample_keeps_the_target_distribution():
+    rng = np.random.default_rng(2024)
+    drafted = rng.choice(len(Q), size=DRAWS, p=Q)
+    tokens, accepted = I.accept_or_resample(np.tile(P, (DRAWS, 1)), np.tile(Q, (DRAWS, 1)), drafted,
+                                            np.random.default_rng(7))
+    tokens = assert_ndarray(tokens, "accept_or_resample's tokens", dtype="iu", shape=(DRAWS,))
+    accepted = assert_ndarray(accepted, "accept_or_resample's accepted", dtype=bool, shape=(DRAWS,))
+    freq = np.bincount(np.clip(tokens, 0, len(P) - 1), minlength=len(P)) / DRAWS
+
+    def fits(p):
+        return bool((np.abs(freq - p) <= 5 * np.sqrt(p * (1 - p) / DRAWS) + 1.5 / DRAWS).all())
+
+    if not fits(P):
+        named = next((f" Your result matches {label}." for label, p in SAMPLING_MISTAKES.items() if fits(p)), "")
+        raise AssertionError(f"speculative sampling must keep the target's distribution p = {P.tolist()}: {DRAWS} "
+                             f"tokens drafted from q = {Q.tolist()} came out with frequencies {freq.round(4).tolist()}."
+                             f"{named} Accept with probability min(1, p/q), else draw from norm(max(0, p − q))")
+    rate = np.minimum(P, Q).sum()
+    assert abs(accepted.mean() - rate) <= 5 * math.sqrt(rate * (1 - rate) / DRAWS), (
+        f"a draft is accepted with probability min(1, p/q): on average Σ min(p, q) = {rate:.2f} of them, got "
+        f"{accepted.mean():.4f}")
+    kept = tokens[accepted]
+    assert np.array_equal(kept, drafted[accepted]), "an accepted draft must come out as the drafted token itself"
+
+
+def test_accept_or_resample_single_row_cases():
+    p, q = np.array([0.6, 0.4, 0.0]), np.array([0.2, 0.4, 0.4])
+    token, ok = I.accept_or_resample(p, q, 1, np.random.default_rng(0))
+    assert bool(ok) and int(token) == 1, (f"p(1) = 0.4 ≥ q(1) = 0.4: the drafted token 1 is always accepted "
+                                          f"(min(1, p/q) = 1), got token {token}, accepted {ok}")
+    for seed in range(5):
+        token, ok = I.accept_or_resample(p, q, 2, np.random.default_rng(seed))
+        assert not bool(ok) and int(token) == 0, (
+            f"p(2) = 0: the drafted token 2 is always rejected, and the replacement comes from the residual "
+            f"norm(max(0, p − q)) = [1, 0, 0], so it is token 0; got token {token}, accepted {ok}")
+
+
+def test_speculative_sample_accepts_every_draft_of_the_target_itself():
+    f = load_fixture(LAB, "speculative")
+    model = _model()
+    tokens, stats = I.speculative_sample(model, _model(), f["prompt_0"], 12, k=3, rng=np.random.default_rng(3))
+    tokens = assert_ndarray(tokens, "speculative_sample", dtype="iu", shape=(5 + 12,))
+    assert np.array_equal(tokens[:5], f["prompt_0"]), "speculative_sample's tokens must start with the prompt"
+    assert 0 <= tokens.min() and tokens.max() < V, "speculative_sample drew ids outside the vocabulary"
+    assert stats["proposed"] > 0 and stats["accepted"] == stats["proposed"], (
+        f"with the target as its own draft p = q, so min(1, p/q) = 1: every draft is accepted, got {stats}")
+    assert stats["rounds"] == 3, f"12 tokens at k = 3: 3 rounds of 3 drafts + 1 bonus token, got {stats['rounds']} rounds"
+
+
+# --- weight-only int8 -------------------------------------------------------------------------------------
+
+def test_quantize_int8_scales_per_block_and_rounds_to_nearest():
+    f = load_fixture(LAB, "int8")
+    W = f["W"]
+    q, scales = I.quantize_int8(W, 16)
+    q = assert_ndarray(q, "quantize_int8's q", dtype=np.int8, shape=W.shape)
+    scales = assert_ndarray(scales, "quantize_int8's scales", dtype=np.float32, shape=(5, 24))
+    assert_close(scales, f["scales"], diagnoses=stored_diagnoses(f, "scales"), atol=0, rtol=1e-5,
+                 what="the scales of a (70, 24) weight in blocks of 16 rows (max |W| of each block of each column / 127)")
+    s = np.repeat(scales, 16, axis=0)[:70]
+    err = np.abs(W - q.astype(np.float32) * s)
+    bad = err > s / 2 * (1 + 1e-5) + 1e-12
+    assert not bad.any(), (f"|W − q·scale| must be at most scale / 2 (q = W / scale rounded to the nearest integer); "
+                           f"{int(bad.sum())} of {W.size} elements are further, up to {float((err / np.maximum(s, 1e-30)).max()):.2f} "
+                           f"scales")
+
+
+def test_dequantize_int8_multiplies_each_block_by_its_scale():
+    f = load_fixture(LAB, "int8")
+    out = I.dequantize_int8(f["q"], f["scales"], 16)
+    assert_ndarray(out, "dequantize_int8", dtype=np.float32, shape=(70, 24))
+    assert_close(out, f["dequantised"], diagnoses=stored_diagnoses(f, "dequantised"),
+                 what="dequantize_int8 of a (70, 24) weight in blocks of 16 rows (row r uses block r // block)")
+
+
+def test_int8_linear_matches_the_dequantised_product():
+    f = load_fixture(LAB, "int8")
+    L3 = lab("layers")
+    linear = L3.Linear(70, 24, rng=np.random.default_rng(0))
+    linear.weight, linear.bias = f["W"], f["bias"]
+    layer = I.Int8Linear(linear, 16)
+    out = layer(f["x"])
+    assert_ndarray(out, "Int8Linear(x (3, 5, 70))", dtype=np.float32, shape=(3, 5, 24))
+    assert_close(out, f["linear_out"], diagnoses=stored_diagnoses(f, "linear_out"), atol=1e-4,
+                 what="Int8Linear(x) = x @ dequantised W + bias (every block of rows times its own scale)")
+    exact = f["x"] @ f["W"] + f["bias"]
+    rel = float(np.abs(out - exact).max() / np.abs(exact).max())
+    assert rel < 0.02, f"Int8Linear differs from the float32 Linear by {rel:.3f} of its largest output"
+
+
+def test_quantize_model_swaps_every_linear_and_keeps_the_logits_close():
+    f = load_fixture(LAB, "int8")
+    model = I.quantize_model(_model(), 8)
+    for i in range(LAYERS):
+        block = model.h[i]
+        for name, layer in (("attn.c_attn", block.attn.c_attn), ("attn.c_proj", block.attn.c_proj),
+                            ("mlp.c_fc", block.mlp.c_fc), ("mlp.c_proj", block.mlp.c_proj)):
+            qw = getattr(layer, "qweight", None)
+            assert isinstance(qw, np.ndarray) and qw.dtype == np.int8, (
+                f"after quantize_model, h.{i}.{name} must be an Int8Linear (every Linear of every block), "
+                f"its weights int8 in qweight")
+    logits = I.fast_forward(model, f["ids"])
+    assert_close(logits, f["logits"], diagnoses=stored_diagnoses(f, "logits"), atol=1e-4,
+                 what="the int8 model's logits (blocks of 8; fast_forward)")
+    err = float(np.abs(logits - f["float_logits"]).max() / np.abs(f["float_logits"]).max())
+    assert err < 0.05, f"int8 weights moved the logits by {err:.3f} of their largest value: more than rounding"
