@@ -1,0 +1,1029 @@
+"""Lab 12 · inference engineering, functional style: the profiles run a list of named
+stage functions and keep each column's fastest repeat; the online softmax folds the key
+tiles of a query block with reduce; the blocks of the fast and batched forwards are folded
+over the residual stream; batched decoding keeps plain dicts and lists; the drafts and
+the residual draws come from cumulative sums; int8 scales come from np.maximum.reduceat.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+
+import numpy as np
+
+from generation import sample_next
+from gpt import GPTModel
+from gptkit import Layer, as_float_array, check_last_dim, check_length, check_ndim, peak_memory  # noqa: F401 (the tests call peak_memory here)
+from layers import LayerNorm, Linear
+from functools import partial, reduce
+from itertools import product, takewhile
+from operator import attrgetter, eq, itemgetter
+
+# Rows of an int8 weight dequantised at once by ``Int8Linear``: a tile of about 64K float32
+# numbers (256 KB) stays in the processor's cache while its product runs.
+TILE_ELEMENTS = 1 << 16
+
+
+def _run_stages(stages, state):
+    """Run (name, fn) stages in order, each fn mapping the state to the next; yield (name, seconds)."""
+    for name, fn in stages:
+        started = time.perf_counter()
+        state = fn(state)
+        yield name, time.perf_counter() - started
+
+
+def _fastest(runs) -> list[tuple[str, float]]:
+    """Rows of the fastest time of each stage over the repeats, and their total last."""
+    rows = [(column[0][0], float(min(map(itemgetter(1), column)))) for column in zip(*runs)]
+    return rows + [("total", math.fsum(map(itemgetter(1), rows)))]
+
+
+def _block_stages(i, block, norm, attend, mlp):
+    """The four timed stages of block i; the state is (residual, normalised)."""
+    return [
+        (f"h.{i}.ln_1", lambda s: (s[0], norm(s[0], block.ln_1))),
+        (f"h.{i}.attn", lambda s: (attend(i, block, s[0], s[1]), None)),
+        (f"h.{i}.ln_2", lambda s: (s[0], norm(s[0], block.ln_2))),
+        (f"h.{i}.mlp", lambda s: (mlp(block, s[0], s[1]), None)),
+    ]
+
+
+def _cdf_draw(weights: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Inverse-CDF draws over the last axis: u (...) in [0, 1) scaled by each row's total."""
+    cdf = np.cumsum(weights, axis=-1)
+    picked = np.sum(cdf <= (u * cdf[..., -1])[..., None], axis=-1)
+    return np.minimum(picked, weights.shape[-1] - 1)
+
+
+def _tile_bounds(length: int, size: int):
+    """(start, stop) of each tile of ``size`` over ``length`` items."""
+    return [(start, min(start + size, length)) for start in range(0, length, size)]
+
+
+def _online_tile(state, tile, qt, k3, v3, q_pos):
+    """One step of the online softmax: fold the key tile (k0, k1) into (m, l, acc)."""
+    m, l, acc = state
+    k0, k1 = tile
+    s = qt @ k3[:, k0:k1].swapaxes(-1, -2)  # (N, bq, bk)
+    if k1 - 1 > q_pos[0]:  # crosses the diagonal
+        s[:, np.arange(k0, k1)[None, :] > q_pos[:, None]] = -np.inf
+    m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+    np.exp(np.subtract(s, m_new, out=s), out=s)
+    rescale = np.exp(m - m_new)
+    return m_new, l * rescale + s.sum(axis=-1, keepdims=True), np.add(acc * rescale, s @ v3[:, k0:k1])
+
+
+def _mlp_into(block, x: np.ndarray, h: np.ndarray) -> np.ndarray:
+    x += block.mlp.c_proj(fast_gelu(block.mlp.c_fc(h)))
+    return x
+
+
+def _slots_block(x: np.ndarray, indexed_block, cache, slots, starts, T) -> np.ndarray:
+    i, block = indexed_block
+    x += attend_rows(block.attn, _layer_norm(x, block.ln_1), cache, i, slots, starts, T)
+    return _mlp_into(block, x, _layer_norm(x, block.ln_2))
+
+
+def _fast_block(x: np.ndarray, block, B: int, T: int, block_q: int, block_k: int) -> np.ndarray:
+    attn = block.attn
+    H, dh = attn.num_heads, attn.d_head
+    qkv = attn.c_attn(_layer_norm(x, block.ln_1)).reshape(B, T, 3, H, dh)
+    q, k, v = (np.ascontiguousarray(qkv[:, :, j].transpose(0, 2, 1, 3)) for j in range(3))  # (B, H, T, dh)
+    heads = tiled_causal_attention(q, k, v, block_q=block_q, block_k=block_k)
+    x += attn.c_proj(heads.transpose(0, 2, 1, 3).reshape(B * T, H * dh))
+    return _mlp_into(block, x, _layer_norm(x, block.ln_2))
+
+
+def _probs_or_one_hot(q, drafts: np.ndarray, V: int) -> np.ndarray:
+    return q if q is not None else np.eye(V)[drafts]
+
+
+# (sub-layer, Linear) of every block that quantize_model turns into int8
+QUANTISED_LINEARS = (("attn", "c_attn"), ("attn", "c_proj"), ("mlp", "c_fc"), ("mlp", "c_proj"))
+
+
+# -- input checks ------------------------------------------------------------------------------
+
+def _check_ids(token_ids, vocab_size: int, name: str, ndim: int, shape_hint: str) -> np.ndarray:
+    token_ids = np.asarray(token_ids)
+    check_ndim(token_ids, name, ndim=ndim, shape_hint=shape_hint)
+    if token_ids.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be integer token ids, got dtype {token_ids.dtype}")
+    if token_ids.size and (token_ids.min() < 0 or token_ids.max() >= vocab_size):
+        raise ValueError(f"{name} must be ids in the vocabulary 0 … {vocab_size - 1}, "
+                         f"got values from {token_ids.min()} to {token_ids.max()}")
+    return token_ids.astype(np.int64, copy=False)
+
+
+def _check_model(model, name: str = "model") -> None:
+    missing = [a for a in ("wte", "wpe", "h", "ln_f", "vocab_size", "d_model", "max_seq_len") if not hasattr(model, a)]
+    if missing:
+        raise TypeError(f"{name} must be a GPTModel (lab 04); a {type(model).__name__} has no {', '.join(missing)}")
+
+
+def _check_eos(eos, vocab_size: int):
+    if eos is None:
+        return None
+    eos = check_length(eos, "eos", minimum=0)
+    if eos >= vocab_size:
+        raise ValueError(f"eos={eos} is not in the vocabulary 0 … {vocab_size - 1}")
+    return eos
+
+
+def _check_room(model, prompt_len: int, new_tokens: int) -> None:
+    if prompt_len + new_tokens > model.max_seq_len:
+        raise ValueError(f"a prompt of {prompt_len} tokens plus {new_tokens} new ones is "
+                         f"{prompt_len + new_tokens} tokens, past the model's max_seq_len={model.max_seq_len}")
+
+
+def _check_block(block, name: str) -> int:
+    return check_length(block, name)
+
+
+# -- small pieces the fast paths share (given) ---------------------------------------------------
+
+def _layer_norm(x: np.ndarray, ln: LayerNorm) -> np.ndarray:
+    """``ln(x)`` for x (N, D), in one new array changed in place (the plain LayerNorm of lab 03
+    makes a fresh array for each of its five operations)."""
+    y = x - x.mean(axis=-1, keepdims=True)  # the one new array
+    var = np.einsum("nd,nd->n", y, y)[:, None]  # (N, 1) sums of squares, without a y*y array
+    var *= 1.0 / x.shape[-1]
+    var += ln.eps
+    y *= 1.0 / np.sqrt(var)
+    y *= ln.weight
+    y += ln.bias
+    return y
+
+
+def _head(model: GPTModel, x: np.ndarray) -> np.ndarray:
+    """The tied output head on x (N, D) → logits (N, V): one 2-D product, the (V, D) table read
+    once for all N rows (an ``Int8Embedding`` does it tile by tile)."""
+    if isinstance(model.wte, Int8Embedding):
+        return model.wte.head(x)
+    return x @ model.wte.weight.T
+
+
+# -- measure first -------------------------------------------------------------------------------
+
+def profile_forward(model: GPTModel, token_ids: np.ndarray, *, repeats: int = 3) -> list[tuple[str, float]]:
+    """Where the time of one forward pass of your lab-04 model goes, part by part.
+
+    The pass runs through the model's own sub-layers, in the order ``model(token_ids)`` runs
+    them, with a clock read between parts, ``repeats`` times.
+
+    Args:
+        model: a GPTModel (lab 04), in eval mode.
+        token_ids: (B, T) int.
+        repeats: ≥ 1 passes; each row keeps the smallest of its ``repeats`` times.
+
+    Returns:
+        a list of (name, seconds) rows, in this order:
+        ``"embeddings"`` (token + position embeddings), then for each block i
+        ``"h.{i}.ln_1"``, ``"h.{i}.attn"`` (with its residual add), ``"h.{i}.ln_2"``,
+        ``"h.{i}.mlp"`` (with its residual add), then ``"ln_f"``, ``"head"`` (the tied
+        product with ``wte.weight``), and last ``"total"``: the sum of every row above it.
+        Every time is a Python float ≥ 0.
+    """
+    _check_model(model)
+    token_ids = _check_ids(token_ids, model.vocab_size, "token_ids", 2, "(B, T)")
+    repeats = check_length(repeats, "repeats")
+    if not 1 <= token_ids.shape[1] <= model.max_seq_len:
+        raise ValueError(f"token_ids needs 1 … max_seq_len={model.max_seq_len} tokens per row, "
+                         f"got {token_ids.shape[1]}")
+    T = token_ids.shape[1]
+
+    def attend(i, block, x, h):
+        return x + block.attn(h)
+
+    def mlp(block, x, h):
+        return x + block.mlp(h)
+
+    stages = [("embeddings", lambda _: (model.wte(token_ids) + model.wpe(T), None))]
+    stages += [stage for i, block in enumerate(model.h)
+               for stage in _block_stages(i, block, lambda x, ln: ln(x), attend, mlp)]
+    stages += [("ln_f", lambda s: model.ln_f(s[0])), ("head", lambda x: x @ model.wte.weight.T)]
+    return _fastest(list(_run_stages(stages, None)) for _ in range(repeats))
+
+
+def profile_decode_step(model: GPTModel, token_ids: np.ndarray, cache: "SlotCache", *,
+                        repeats: int = 3) -> list[tuple[str, float]]:
+    """Where the time of one decoding step goes: the same table as ``profile_forward`` for
+    one new token per row that follows what ``cache`` holds.
+
+    Args:
+        model: a GPTModel (lab 04), in eval mode.
+        token_ids: (B, 1) int, row i's next token; it sits at position ``cache.lengths[i]``.
+        cache: a ``SlotCache`` of this model with ``max_batch == B`` whose slot i holds row i
+            (fill it first, e.g. with ``forward_slots``).
+        repeats: ≥ 1 steps; each row keeps the smallest of its ``repeats`` times.
+
+    Returns:
+        rows as ``profile_forward``'s (same names, ``"total"`` last). The step runs through
+        ``forward_slots``'s parts (row i's keys and values are written at its own position);
+        the cache's lengths are left as they were, so the same step can be profiled again.
+    """
+    _check_model(model)
+    token_ids = _check_ids(token_ids, model.vocab_size, "token_ids", 2, "(B, 1)")
+    repeats = check_length(repeats, "repeats")
+    if not isinstance(cache, SlotCache):
+        raise TypeError(f"cache must be a SlotCache, got {type(cache).__name__}")
+    B = token_ids.shape[0]
+    if token_ids.shape[1] != 1 or B != cache.max_batch:
+        raise ValueError(f"token_ids must be (max_batch, 1) = ({cache.max_batch}, 1), got {token_ids.shape}")
+    if cache.lengths.max() + 1 > model.max_seq_len:
+        raise ValueError(f"a slot of the cache is full (max_seq_len={model.max_seq_len}): no position for a new token")
+    slots = np.arange(B)
+    lengths = cache.lengths.copy()
+
+    def attend(i, block, x, h):
+        x += attend_rows(block.attn, h, cache, i, slots, lengths, 1)
+        return x
+
+    stages = [("embeddings", lambda _: (embed_rows(model, token_ids, lengths), None))]
+    stages += [stage for i, block in enumerate(model.h)
+               for stage in _block_stages(i, block, _layer_norm, attend, _mlp_into)]
+    stages += [("ln_f", lambda s: _layer_norm(s[0], model.ln_f)), ("head", partial(_head, model))]
+
+    def one_step():
+        rows = list(_run_stages(stages, None))
+        cache.lengths[:] = lengths  # undo the step: every repeat runs at the same positions
+        return rows
+
+    return _fastest(one_step() for _ in range(repeats))
+
+
+# -- tiled causal attention with the online softmax ------------------------------------------------
+
+def tiled_causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, block_q: int = 64,
+                           block_k: int = 64, return_stats: bool = False):
+    """Causal attention softmax(q·kᵀ/√d + mask)·v computed one (block_q × block_k) tile of
+    scores at a time, never holding a (T, S) array (FlashAttention's recurrence).
+
+    Query i sits at absolute position S − T + i (as lab 01's ``causal_mask(T, S)``) and may
+    see keys 0 … S − T + i. For each block of queries the tiles of keys are visited left to
+    right keeping, per query row, a running maximum m, a running sum l of exp(score − m), and
+    an accumulator acc of exp(score − m)·v. When a tile raises the maximum from m to m', the
+    old l and acc are rescaled by exp(m − m') before the tile's own terms are added; at the
+    end out = acc / l. Tiles wholly above the diagonal (every key in the future of every
+    query of the block) are skipped; only the tiles that cross the diagonal are masked.
+
+    Args:
+        q: (..., T, d) queries.
+        k: (..., S, d) keys, S ≥ T; the same leading dimensions as q.
+        v: (..., S, d_v) values.
+        block_q, block_k: ≥ 1, the tile's queries and keys (T and S need not be multiples).
+        return_stats: also return how many tiles were computed.
+
+    Returns:
+        out (..., T, d_v) in q's float dtype (float32 in, float32 out); with
+        ``return_stats``, (out, stats) where stats = {"tiles_total": query blocks × key
+        blocks, "tiles_visited": the (query block, key block) tiles whose scores were
+        computed} (a tile counts once, whatever the leading dimensions). Memory beyond q, k,
+        v and the output: a few arrays of (..., block_q, block_k) and (..., block_q, d_v).
+    """
+    q, k, v = as_float_array(q, "q"), as_float_array(k, "k"), as_float_array(v, "v")
+    check_ndim(q, "q", min_ndim=2, shape_hint="(..., T, d)")
+    if k.ndim != q.ndim or v.ndim != q.ndim or k.shape[:-2] != q.shape[:-2] or v.shape[:-2] != q.shape[:-2]:
+        raise ValueError(f"q (..., T, d), k (..., S, d) and v (..., S, d_v) must share their leading "
+                         f"dimensions; got q {q.shape}, k {k.shape}, v {v.shape}")
+    if k.shape[-1] != q.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k must be (..., S, {q.shape[-1]}) and v (..., S, d_v) with the same S; "
+                         f"got k {k.shape}, v {v.shape}")
+    T, S = q.shape[-2], k.shape[-2]
+    if S < T:
+        raise ValueError(f"there must be at least as many keys as queries (S ≥ T): got T={T}, S={S}")
+    block_q, block_k = _check_block(block_q, "block_q"), _check_block(block_k, "block_k")
+    lead, d, d_v = q.shape[:-2], q.shape[-1], v.shape[-1]
+    dtype = np.result_type(q, k, v)
+    q3 = q.reshape(-1, T, d) * (1.0 / math.sqrt(d))
+    k3, v3 = k.reshape(-1, S, d), v.reshape(-1, S, d_v)
+    N, offset = q3.shape[0], S - T
+    out = np.empty((N, T, d_v), dtype=dtype)
+    key_tiles = _tile_bounds(S, block_k)
+    visited = 0
+    for q0, q1 in _tile_bounds(T, block_q):
+        q_pos = offset + np.arange(q0, q1)  # the block's absolute positions
+        tiles = list(takewhile(lambda tile: tile[0] <= q_pos[-1], key_tiles))  # the rest lie in the future
+        visited += len(tiles)
+        start = (np.full((N, q1 - q0, 1), -np.inf, dtype), np.zeros((N, q1 - q0, 1), dtype),
+                 np.zeros((N, q1 - q0, d_v), dtype))
+        _, l, acc = reduce(partial(_online_tile, qt=q3[:, q0:q1], k3=k3, v3=v3, q_pos=q_pos), tiles, start)
+        np.divide(acc, l, out=out[:, q0:q1])
+    out = out.reshape(*lead, T, d_v)
+    if return_stats:
+        return out, {"tiles_total": len(_tile_bounds(T, block_q)) * len(key_tiles), "tiles_visited": visited}
+    return out
+
+
+# -- a fast forward pass -----------------------------------------------------------------------------
+
+def fast_gelu(x: np.ndarray) -> np.ndarray:
+    """GPT-2's tanh GELU, 0.5·x·(1 + tanh(u)) with u = √(2/π)·(x + 0.044715·x³), computed in
+    place in ``x`` (which is returned).
+
+    It uses 0.5·(1 + tanh u) = 1 / (1 + exp(−2u)), the same function (NumPy's exp is faster
+    than its tanh), and writes every intermediate into one array of x's shape (an expression
+    such as ``0.5 * x * (1 + np.tanh(...))`` allocates a new array per operation). The
+    exponent is capped at 88 so that exp stays finite in float32 (there gelu(x) is 0).
+
+    Args:
+        x: a writeable float array, e.g. the (N, F) output of ``c_fc``; overwritten.
+
+    Returns:
+        ``x`` itself, now holding gelu(x) (equal to lab 03's ``gelu`` within float32
+        rounding).
+    """
+    if not isinstance(x, np.ndarray) or x.dtype.kind != "f":
+        raise TypeError(f"x must be a float ndarray (it is overwritten in place), got {type(x).__name__}")
+    if not x.flags.writeable:
+        raise ValueError("x must be writeable: fast_gelu overwrites it")
+    c = math.sqrt(2.0 / math.pi)
+    z = np.multiply(x, x)
+    z *= 0.044715
+    z += 1.0
+    z *= x
+    z *= -2.0 * c  # −2u
+    np.minimum(z, 88.0, out=z)
+    np.exp(z, out=z)
+    z += 1.0
+    np.divide(x, z, out=x)
+    return x
+
+
+def fast_forward(model: GPTModel, token_ids: np.ndarray, *, block_q: int = 128, block_k: int = 256) -> np.ndarray:
+    """``model(token_ids)`` computed fast: the same logits as lab 04's forward pass.
+
+    Everything runs on 2-D (B·T, D) arrays, so each weight matrix is read once per call
+    (one BLAS product per Linear, through the layer's own ``__call__``, so an int8 layer
+    works too); attention is ``tiled_causal_attention`` on contiguous (B, H, T, d_head)
+    heads; the residual stream is updated in place (``x += …``); the MLP's GELU is
+    ``fast_gelu`` in place on ``c_fc``'s output; LayerNorms and the tied head are done in
+    place and as one product. No dropout (eval only).
+
+    Args:
+        model: a GPTModel (lab 04), or one changed by ``quantize_model``.
+        token_ids: (B, T) int, 1 ≤ T ≤ max_seq_len.
+        block_q, block_k: the attention tiles.
+
+    Returns:
+        float32 (B, T, V) logits.
+    """
+    _check_model(model)
+    token_ids = _check_ids(token_ids, model.vocab_size, "token_ids", 2, "(B, T)")
+    B, T = token_ids.shape
+    if not 1 <= T <= model.max_seq_len:
+        raise ValueError(f"token_ids needs 1 … max_seq_len={model.max_seq_len} tokens per row, got {T}")
+    x = (model.wte(token_ids) + model.wpe(T)).reshape(B * T, model.d_model)
+    x = reduce(partial(_fast_block, B=B, T=T, block_q=block_q, block_k=block_k), model.h, x)
+    return _head(model, _layer_norm(x, model.ln_f)).reshape(B, T, model.vocab_size)
+
+
+# -- batched decoding ------------------------------------------------------------------------------
+
+class SlotCache:
+    """A KV cache with ``max_batch`` slots, each holding one sequence of its own length.
+
+    Attributes:
+        keys, values: one float32 buffer (max_batch, H, L, d_head) per block, allocated once.
+            Slot s holds its keys and values at positions 0 … lengths[s]-1.
+        lengths: int64 (max_batch,), the number of positions each slot holds (the position of
+            its next token).
+        max_batch, max_seq_len (L), num_heads (H), d_head.
+    """
+
+    def __init__(self, model: GPTModel, max_batch: int):
+        _check_model(model)
+        self.max_batch = check_length(max_batch, "max_batch")
+        self.max_seq_len = model.max_seq_len
+        self.num_heads, self.d_head = model.h[0].attn.num_heads, model.h[0].attn.d_head
+        shape = (self.max_batch, self.num_heads, self.max_seq_len, self.d_head)
+        self.keys = [np.zeros(shape, np.float32) for _ in model.h]
+        self.values = [np.zeros(shape, np.float32) for _ in model.h]
+        self.lengths = np.zeros(self.max_batch, dtype=np.int64)
+
+    def reset(self, slot: int) -> None:
+        """Empty one slot for a new sequence (its length back to 0); the other slots keep theirs."""
+        if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) or not 0 <= slot < self.max_batch:
+            raise ValueError(f"slot must be 0 … {self.max_batch - 1}, got {slot!r}")
+        self.lengths[slot] = 0
+
+
+def _slot_rows(buffer: np.ndarray, slots: np.ndarray, stop: int) -> np.ndarray:
+    """buffer[slots, :, :stop]: a view when the slots are consecutive, else a copy."""
+    first = int(slots[0])
+    if np.array_equal(slots, np.arange(first, first + len(slots))):
+        return buffer[first : first + len(slots), :, :stop]
+    return buffer[slots, :, :stop]
+
+
+def embed_rows(model: GPTModel, token_ids: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Token + position embeddings (B·T, D) of token_ids (B, T) whose row b starts at its
+    own position starts[b] (int64 (B,)): row b's token t gets position starts[b] + t."""
+    B, T = token_ids.shape
+    positions = np.add.outer(np.asarray(starts, dtype=np.int64), np.arange(T))  # (B, T)
+    return (model.wte(token_ids) + model.wpe.weight[positions]).reshape(B * T, -1)
+
+
+def attend_rows(attn, h: np.ndarray, cache: SlotCache, layer: int, slots: np.ndarray,
+                starts: np.ndarray, T: int) -> np.ndarray:
+    """One block's attention for rows whose new tokens start at their own positions: the new
+    keys and values are written into each row's slot at starts[b] …, every query sees its
+    row's keys up to its own position (row b's query t sits at starts[b] + t).
+
+    Args:
+        attn: the block's MultiHeadAttention (lab 04): ``c_attn``, ``c_proj``, ``num_heads``,
+            ``d_head``, ``d_model``.
+        h: (B·T, D) the block's normalised input, row b's T tokens together.
+        cache: the SlotCache; layer: the block's index; slots: int64 (B,) distinct slots;
+        starts: int64 (B,) each row's first new position; T: new tokens per row.
+
+    Returns:
+        (B·T, D): ``c_proj`` of the heads' outputs side by side.
+    """
+    B, H, dh = len(slots), attn.num_heads, attn.d_head
+    qkv = attn.c_attn(h).reshape(B, T, 3, H, dh)
+    positions = np.add.outer(starts, np.arange(T))  # (B, T) each new token's own position
+    rows = slots[:, None]
+    cache.keys[layer][rows, :, positions] = qkv[:, :, 1]  # (B, T, H, dh) into (slot, :, position)
+    cache.values[layer][rows, :, positions] = qkv[:, :, 2]
+    S = int(positions.max()) + 1
+    keys, values = (buf[slots, :, :S] for buf in (cache.keys[layer], cache.values[layer]))  # (B, H, S, dh)
+    scores = (qkv[:, :, 0].transpose(0, 2, 1, 3) / math.sqrt(dh)) @ keys.swapaxes(-1, -2)  # (B, H, T, S)
+    visible = np.arange(S) <= positions[:, :, None]  # (B, T, S)
+    scores = np.where(visible[:, None], scores, -np.inf)
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    weights /= weights.sum(axis=-1, keepdims=True)
+    heads = (weights @ values).transpose(0, 2, 1, 3)  # (B, T, H, dh)
+    return attn.c_proj(heads.reshape(B * T, H * dh))
+
+
+def forward_slots(model: GPTModel, token_ids: np.ndarray, cache: SlotCache, slots: np.ndarray) -> np.ndarray:
+    """Run T new tokens for each of B sequences held in the given slots of ``cache``, each at
+    its own positions: one forward pass for the whole batch.
+
+    Row b is the sequence in slot ``slots[b]``; its tokens sit at positions
+    cache.lengths[slots[b]] … + T − 1 (rows of different lengths share the call: the
+    positional embeddings are taken per row, and each query sees only its own row's keys up
+    to its own position, whatever the other rows hold). Their keys and values are written
+    into the slot and ``cache.lengths[slots]`` grows by T.
+
+    Args:
+        model: a GPTModel (lab 04), or one changed by ``quantize_model``.
+        token_ids: (B, T) int, B ≤ cache.max_batch, T ≥ 1.
+        cache: a SlotCache of this model.
+        slots: (B,) int, distinct slot indices.
+
+    Returns:
+        float32 (B, T, V): row b's logits equal ``model(that sequence so far)[0, -T:]``.
+    """
+    _check_model(model)
+    token_ids = _check_ids(token_ids, model.vocab_size, "token_ids", 2, "(B, T)")
+    if not isinstance(cache, SlotCache):
+        raise TypeError(f"cache must be a SlotCache, got {type(cache).__name__}")
+    if len(cache.keys) != len(model.h) or cache.max_seq_len != model.max_seq_len:
+        raise ValueError("this cache was built for another model (SlotCache(model, max_batch))")
+    slots = np.asarray(slots)
+    B, T = token_ids.shape
+    if slots.shape != (B,) or slots.dtype.kind not in "iu":
+        raise ValueError(f"slots must be {B} integer slot indices (one per row of token_ids), got {slots.dtype} {slots.shape}")
+    if B < 1 or T < 1:
+        raise ValueError(f"token_ids needs at least one row and one token, got shape {token_ids.shape}")
+    if slots.min() < 0 or slots.max() >= cache.max_batch or len(set(slots.tolist())) != B:
+        raise ValueError(f"slots must be distinct slot indices 0 … {cache.max_batch - 1}, got {slots.tolist()}")
+    slots = slots.astype(np.int64)
+    if cache.lengths[slots].max() + T > model.max_seq_len:
+        raise ValueError(f"a slot holds {cache.lengths[slots].max()} tokens; {T} more would go past "
+                         f"max_seq_len={model.max_seq_len}")
+    starts = cache.lengths[slots].copy()
+    x = reduce(partial(_slots_block, cache=cache, slots=slots, starts=starts, T=T), enumerate(model.h),
+               embed_rows(model, token_ids, starts))
+    cache.lengths[slots] += T
+    return _head(model, _layer_norm(x, model.ln_f)).reshape(B, T, model.vocab_size)
+
+
+class BatchedDecoder:
+    """Continuous batching: requests wait in a queue, up to ``max_batch`` of them decode
+    together, one forward pass per step, and a finished request's slot goes to the next.
+
+    ``submit`` queues a request. Each ``step``:
+
+    1. admits waiting requests (first come, first served) into free slots: the slot is
+       reset, and the prompt's tokens except its last are run into it (the prefill, one
+       ``forward_slots`` call per admitted request with more than one prompt token);
+    2. runs ONE ``forward_slots`` call over every active request, each feeding the one token
+       its slot does not hold yet (the prompt's last token, or the token chosen last step)
+       at its own position;
+    3. picks each request's next token from its logits with lab 06's ``sample_next``
+       (``temperature=0``: the argmax), and finishes the requests that emitted ``eos`` or
+       reached ``max_new_tokens``; their slots are free for the next step.
+
+    With temperature 0, each request's tokens are exactly lab 06's
+    ``generate(model, prompt[None], max_new_tokens, temperature=0, eos_token_id=eos)[0]``,
+    whatever else shares the batch.
+
+    Args:
+        model: a GPTModel (lab 04) in eval mode, or one changed by ``quantize_model``.
+        max_batch: ≥ 1 slots.
+        temperature, top_k, top_p, rng: as lab 06's ``sample_next`` (default greedy).
+
+    Attributes:
+        cache: the SlotCache.
+        slots: list of max_batch entries, the request id decoding in each slot or None.
+        waiting: the ids of the submitted requests not yet admitted, oldest first.
+        forward_calls: how many ``forward_slots`` calls the decoder made (prefills included).
+    """
+
+    def __init__(self, model: GPTModel, max_batch: int, *, temperature: float = 0.0, top_k: int | None = None,
+                 top_p: float | None = None, rng: np.random.Generator | None = None):
+        _check_model(model)
+        self.model = model
+        self.cache = SlotCache(model, max_batch)
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.integer, np.floating)) \
+                or not math.isfinite(temperature) or temperature < 0:
+            raise ValueError(f"temperature must be a finite number ≥ 0 (0 means greedy), got {temperature!r}")
+        if rng is not None and not isinstance(rng, np.random.Generator):
+            raise TypeError(f"rng must be a numpy Generator or None, got {type(rng).__name__}")
+        self.sampling = {"temperature": float(temperature), "top_k": top_k, "top_p": top_p,
+                         "rng": np.random.default_rng() if rng is None else rng}
+        self.slots: list[int | None] = [None] * self.cache.max_batch
+        self.waiting: deque[int] = deque()
+        self.forward_calls = 0
+        self._requests: dict[int, dict] = {}
+        self._done: dict[int, np.ndarray] = {}
+
+    def submit(self, prompt_ids: np.ndarray, max_new_tokens: int, eos: int | None = None) -> int:
+        """Queue a request: a prompt (T,) of T ≥ 1 ids, at most ``max_new_tokens`` new tokens
+        (T + max_new_tokens ≤ max_seq_len), and an optional ``eos`` id that ends it.
+        Returns its request id: 0, 1, 2, … in the order of submission."""
+        prompt = _check_ids(prompt_ids, self.model.vocab_size, "prompt_ids", 1, "(T,)")
+        if len(prompt) < 1:
+            raise ValueError("prompt_ids needs at least one token")
+        max_new_tokens = check_length(max_new_tokens, "max_new_tokens", minimum=0)
+        _check_room(self.model, len(prompt), max_new_tokens)
+        eos = _check_eos(eos, self.model.vocab_size)
+        rid = len(self._requests)
+        self._requests[rid] = {"tokens": list(prompt.tolist()), "prompt_len": len(prompt),
+                               "max_new": max_new_tokens, "eos": eos}
+        if max_new_tokens == 0:
+            self._done[rid] = prompt.copy()
+        else:
+            self.waiting.append(rid)
+        return rid
+
+    def step(self) -> dict[int, int]:
+        """Admit, run one batched forward pass, pick one token per active request, retire the
+        finished ones. Returns {request id: the token it got this step} (empty when nothing
+        is active or waiting)."""
+        free = [s for s, rid in enumerate(self.slots) if rid is None]
+        admitted = list(zip(free, [self.waiting.popleft() for _ in range(min(len(free), len(self.waiting)))]))
+        for s, rid in admitted:
+            self.slots[s] = rid
+            self.cache.reset(s)
+            prompt = self._requests[rid]["tokens"]
+            if len(prompt) > 1:
+                forward_slots(self.model, np.array([prompt[:-1]]), self.cache, np.array([s]))
+                self.forward_calls += 1
+        active = [(s, rid) for s, rid in enumerate(self.slots) if rid is not None]
+        if not active:
+            return {}
+        last = [[self._requests[rid]["tokens"][-1]] for _, rid in active]
+        logits = forward_slots(self.model, np.array(last), self.cache, np.array([s for s, _ in active]))
+        self.forward_calls += 1
+        chosen = sample_next(logits[:, -1], **self.sampling).tolist()
+        for (s, rid), token in zip(active, chosen):
+            request = self._requests[rid]
+            request["tokens"].append(int(token))
+            made = len(request["tokens"]) - request["prompt_len"]
+            if made >= request["max_new"] or token == request["eos"]:
+                self._done[rid] = np.array(request["tokens"], dtype=np.int64)
+                self.slots[s] = None
+        return {rid: int(token) for (_, rid), token in zip(active, chosen)}
+
+    def run(self) -> dict[int, np.ndarray]:
+        """Step until no request is active or waiting. Returns {request id: int64 (T + m,)
+        the prompt followed by its m new tokens} for every request submitted so far, in
+        order of request id."""
+        while self.waiting or any(rid is not None for rid in self.slots):
+            self.step()
+        return {rid: self._done[rid].copy() for rid in sorted(self._done)}
+
+
+# -- speculative decoding ------------------------------------------------------------------------
+
+def prompt_lookup_draft(context_ids: np.ndarray, k: int, *, ngram: int = 3) -> np.ndarray:
+    """Draft tokens found in the context itself (prompt lookup): where the context's last n
+    tokens occurred before, propose the tokens that followed them there.
+
+    For n = ngram, ngram − 1, …, 1 (longest first): find the latest earlier occurrence of the
+    last n tokens, i.e. the largest start j < len − n with context[j : j + n] equal to
+    context[len − n :]; if there is one, propose context[j + n : j + n + k] (fewer than k when
+    the context ends first) and stop. No occurrence for any n: nothing is proposed.
+
+    Args:
+        context_ids: (C,) int, the tokens so far.
+        k: ≥ 1, the most tokens to propose.
+        ngram: ≥ 1, the longest n-gram tried.
+
+    Returns:
+        int64 (m,), 0 ≤ m ≤ k.
+    """
+    context = np.asarray(context_ids)
+    check_ndim(context, "context_ids", ndim=1, shape_hint="(C,)")
+    if context.dtype.kind not in "iu":
+        raise TypeError(f"context_ids must be integer token ids, got dtype {context.dtype}")
+    k, ngram = check_length(k, "k"), check_length(ngram, "ngram")
+    C = len(context)
+    tokens = context.tolist()
+
+    def latest(n):
+        tail = tokens[C - n:]
+        return next((j for j in range(C - n - 1, -1, -1) if tokens[j:j + n] == tail), None)
+
+    found = next(((n, j) for n in range(min(ngram, C - 1), 0, -1) for j in [latest(n)] if j is not None), None)
+    if found is None:
+        return np.zeros(0, dtype=np.int64)
+    n, j = found
+    return np.array(tokens[j + n:j + n + k], dtype=np.int64)
+
+
+def _probabilities(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """softmax(logits / temperature) in float64, over the last axis."""
+    z = logits.astype(np.float64) / temperature
+    z -= z.max(axis=-1, keepdims=True)
+    p = np.exp(z)
+    return p / p.sum(axis=-1, keepdims=True)
+
+
+def accept_or_resample(p: np.ndarray, q: np.ndarray, token, rng: np.random.Generator):
+    """The rule of speculative sampling for one drafted token: keep it with probability
+    min(1, p[token] / q[token]); otherwise draw a replacement from the residual
+    norm(max(0, p − q)). The token that comes out is distributed exactly as p whenever
+    ``token`` was drawn from q.
+
+    Args:
+        p: (..., V) the target's probabilities (each row sums to 1).
+        q: (..., V) the draft's probabilities, from which ``token`` was drawn.
+        token: (...) int, the drafted token of each row (a Python int for a single row).
+        rng: the generator every random number comes from: first one uniform number per row
+            (``rng.random(shape)``, accept when it is < p/q), then one per row for the
+            residual draws (inverse CDF).
+
+    Returns:
+        (tokens int64 (...), accepted bool (...)): the token each row keeps (the draft's if
+        accepted, else the residual's draw) and whether the draft was accepted.
+    """
+    p = np.asarray(p, dtype=np.float64)
+    q = np.asarray(q, dtype=np.float64)
+    token = np.asarray(token)
+    if p.ndim < 1 or p.shape != q.shape or token.shape != p.shape[:-1]:
+        raise ValueError(f"p and q must both be (..., V) and token (...): got p {p.shape}, q {q.shape}, token {token.shape}")
+    if token.dtype.kind not in "iu" or (token.size and (token.min() < 0 or token.max() >= p.shape[-1])):
+        raise ValueError(f"token must be integer ids in 0 … {p.shape[-1] - 1}")
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy Generator, got {type(rng).__name__}")
+    q_tok = np.take_along_axis(q, token[..., None], axis=-1)[..., 0]
+    if np.any(q_tok <= 0):
+        raise ValueError("q gives a drafted token probability 0: it cannot have been drawn from q")
+    p_tok = np.take_along_axis(p, token[..., None], axis=-1)[..., 0]
+    accepted = rng.random(token.shape) < np.minimum(1.0, p_tok / q_tok)
+    replacement = _cdf_draw(np.maximum(p - q, 0.0), rng.random(token.shape))
+    return np.where(accepted, token, replacement).astype(np.int64), accepted
+
+
+def _check_speculative(target, draft, prompt_ids, max_new_tokens, k, ngram):
+    _check_model(target, "target")
+    if draft is not None:
+        _check_model(draft, "draft")
+        if draft.vocab_size != target.vocab_size:
+            raise ValueError(f"draft and target must share the vocabulary: {draft.vocab_size} ≠ {target.vocab_size}")
+    prompt = _check_ids(prompt_ids, target.vocab_size, "prompt_ids", 1, "(T,)")
+    if len(prompt) < 1:
+        raise ValueError("prompt_ids needs at least one token")
+    max_new_tokens = check_length(max_new_tokens, "max_new_tokens", minimum=0)
+    _check_room(target, len(prompt), max_new_tokens)
+    if draft is not None:
+        _check_room(draft, len(prompt), max_new_tokens)
+    return prompt, max_new_tokens, check_length(k, "k"), check_length(ngram, "ngram")
+
+
+class Drafter:
+    """The draft source of speculative decoding: a smaller GPTModel (the same vocabulary)
+    decoding with its own one-slot ``SlotCache``, cut back after each round to the tokens the
+    target kept; or, when ``draft`` is None, prompt lookup (``prompt_lookup_draft``).
+
+    Attributes: draft (the model or None), ngram, cache (a SlotCache(draft, 1), only with a
+    model).
+    """
+
+    def __init__(self, draft, ngram: int):
+        self.draft, self.ngram = draft, ngram
+        if draft is not None:
+            self.cache = SlotCache(draft, 1)
+
+    def propose(self, context: list[int], k: int, temperature: float = 0.0, rng=None):
+        """Up to k tokens that may follow ``context`` (a list of ids), as (tokens int64 (m,),
+        q): with a draft model, m = k tokens, each the draft's argmax (temperature 0) or a draw
+        from softmax(logits / temperature) with ``rng``, and q (m, V) their distributions
+        (None at temperature 0), the cache fed only what it does not hold yet; with prompt
+        lookup, ``prompt_lookup_draft(context, k, ngram)`` and q None."""
+        if self.draft is None:
+            return prompt_lookup_draft(np.array(context), k, ngram=self.ngram), None
+        slot = np.zeros(1, np.int64)
+
+        def next_token(feed):
+            logits = forward_slots(self.draft, np.array([feed]), self.cache, slot)[0, -1]
+            if temperature == 0:
+                return int(np.argmax(logits)), None
+            q = _probabilities(logits, temperature)
+            return int(_cdf_draw(q, rng.random())), q
+
+        steps, feed = [], context[int(self.cache.lengths[0]):]
+        for _ in range(k):
+            steps.append(next_token(feed))
+            feed = [steps[-1][0]]
+        tokens = np.array([t for t, _ in steps], dtype=np.int64)
+        return tokens, (None if temperature == 0 else np.stack([q for _, q in steps]))
+
+    def keep(self, length: int) -> None:
+        """After a round: the new context's first ``length`` tokens are all the draft's cache
+        may keep (what it holds past them was rejected)."""
+        if self.draft is not None:
+            self.cache.lengths[0] = min(int(self.cache.lengths[0]), length)
+
+
+def speculative_greedy(target: GPTModel, draft: GPTModel | None, prompt_ids: np.ndarray, max_new_tokens: int,
+                       *, k: int = 4, ngram: int = 3, eos: int | None = None) -> tuple[np.ndarray, dict]:
+    """Greedy decoding of ``target`` sped up by drafts: the same tokens as lab 06's
+    ``generate(target, prompt[None], max_new_tokens, temperature=0, eos_token_id=eos)[0]``.
+
+    Each round: the draft proposes up to k tokens d1 … dk after the context (``draft`` a
+    smaller GPTModel with the same vocabulary decoding greedily with its own cache, or
+    ``None`` for ``prompt_lookup_draft(context, k, ngram=ngram)``); the target runs ONE
+    forward pass over [last token, d1, …, dk] with its cache, which gives its own greedy
+    choice t0 … tk after each prefix. The drafts are accepted while di = t(i−1); with n
+    accepted, the round emits d1 … dn and then t_n (the target's own token where the draft
+    went wrong, or the bonus token after all k), so every round emits at least one token.
+    The target's cache is cut back to the tokens kept. Rounds propose fewer than k tokens
+    when fewer than k + 1 remain to be emitted.
+
+    Args:
+        target, draft: GPTModels (lab 04); ``draft`` may be None (prompt lookup).
+        prompt_ids: (T,) int, T ≥ 1, T + max_new_tokens ≤ both models' max_seq_len.
+        max_new_tokens: n ≥ 0.
+        k: ≥ 1 tokens proposed per round.
+        ngram: prompt lookup's longest n-gram.
+        eos: an id that ends decoding once emitted (kept as the last token), or None.
+
+    Returns:
+        (tokens int64 (T + m,), stats) with stats = {"proposed": drafted tokens the target
+        checked, "accepted": those it accepted, "rounds": the target's forward passes after
+        the prompt's}.
+    """
+    prompt, max_new_tokens, k, ngram = _check_speculative(target, draft, prompt_ids, max_new_tokens, k, ngram)
+    eos = _check_eos(eos, target.vocab_size)
+    stats = dict.fromkeys(("proposed", "accepted", "rounds"), 0)
+    tokens = prompt.tolist()
+    cache, slot = SlotCache(target, 1), np.zeros(1, np.int64)
+    if len(tokens) > 1:
+        forward_slots(target, np.array([tokens[:-1]]), cache, slot)
+    drafter = Drafter(draft, ngram)
+    stop = len(tokens) + max_new_tokens
+    ended = False
+    while len(tokens) < stop and not ended:
+        left = stop - len(tokens)
+        drafts = drafter.propose(tokens, min(k, left - 1))[0] if left > 1 else np.zeros(0, np.int64)
+        start = len(tokens) - 1
+        checks = forward_slots(target, np.array([[tokens[-1], *drafts.tolist()]]), cache, slot)[0].argmax(axis=-1)
+        n = sum(1 for _ in takewhile(bool, map(eq, drafts.tolist(), checks.tolist())))
+        emitted = [*drafts[:n].tolist(), int(checks[n])]
+        if eos is not None and eos in emitted:
+            emitted, ended = emitted[:emitted.index(eos) + 1], True
+        stats.update(proposed=stats["proposed"] + len(drafts), accepted=stats["accepted"] + n,
+                     rounds=stats["rounds"] + 1)
+        tokens += emitted
+        cache.lengths[0] = start + 1 + n
+        drafter.keep(len(tokens) - 1)
+    return np.array(tokens, dtype=np.int64), stats
+
+
+def speculative_sample(target: GPTModel, draft: GPTModel | None, prompt_ids: np.ndarray, max_new_tokens: int,
+                       *, k: int = 4, ngram: int = 3, temperature: float = 1.0,
+                       rng: np.random.Generator | None = None) -> tuple[np.ndarray, dict]:
+    """Sampling from ``target`` at ``temperature`` sped up by drafts, with the distribution of
+    every token exactly the target's.
+
+    Each round: the draft proposes d1 … dm (m ≤ k) with its probabilities q1 … qm (a draft
+    model samples each from softmax(its logits / temperature); prompt lookup proposes
+    deterministically, q a one-hot); the target's one forward pass over [last token,
+    d1 … dm] gives p1 … p(m+1) = softmax(logits / temperature). For i = 1 … m:
+    ``accept_or_resample(p_i, q_i, d_i, rng)``; on the first rejection its residual draw is
+    emitted and the round ends; if all m are accepted, a bonus token is drawn from p(m+1).
+
+    Args:
+        target, draft, prompt_ids, max_new_tokens, k, ngram: as ``speculative_greedy``.
+        temperature: > 0.
+        rng: the generator every random number comes from (None: a fresh, unseeded one).
+
+    Returns:
+        (tokens int64 (T + n,), stats) as ``speculative_greedy``'s.
+    """
+    prompt, max_new_tokens, k, ngram = _check_speculative(target, draft, prompt_ids, max_new_tokens, k, ngram)
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(temperature) or temperature <= 0:
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    rng = np.random.default_rng() if rng is None else rng
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy Generator or None, got {type(rng).__name__}")
+    stats = dict.fromkeys(("proposed", "accepted", "rounds"), 0)
+    tokens = prompt.tolist()
+    cache, slot = SlotCache(target, 1), np.zeros(1, np.int64)
+    if len(tokens) > 1:
+        forward_slots(target, np.array([tokens[:-1]]), cache, slot)
+    drafter = Drafter(draft, ngram)
+    stop = len(tokens) + max_new_tokens
+    V = target.vocab_size
+    while len(tokens) < stop:
+        left = stop - len(tokens)
+        drafts, q = drafter.propose(tokens, min(k, left - 1), temperature, rng) if left > 1 \
+            else (np.zeros(0, np.int64), None)
+        m = len(drafts)
+        q = _probs_or_one_hot(q, drafts, V)
+        start = len(tokens) - 1
+        logits = forward_slots(target, np.array([[tokens[-1], *drafts.tolist()]]), cache, slot)[0]
+        p = _probabilities(logits, temperature)  # (1 + m, V)
+        emitted = []
+        for i in range(m):
+            token, accepted = accept_or_resample(p[i], q[i], int(drafts[i]), rng)
+            emitted.append(int(token))
+            if not accepted:
+                break
+        else:
+            emitted.append(int(_cdf_draw(p[m], rng.random())))
+        n = len(emitted) - 1
+        stats.update(proposed=stats["proposed"] + m, accepted=stats["accepted"] + n, rounds=stats["rounds"] + 1)
+        tokens += emitted
+        cache.lengths[0] = start + 1 + n
+        drafter.keep(len(tokens) - 1)
+    return np.array(tokens, dtype=np.int64), stats
+
+
+# -- weight-only int8 -------------------------------------------------------------------------------
+
+def _check_weight(W) -> np.ndarray:
+    W = as_float_array(W, "W")
+    check_ndim(W, "W", ndim=2, shape_hint="(d_in, d_out)")
+    if not np.all(np.isfinite(W)):
+        raise ValueError("W must be finite to be quantised")
+    return W
+
+
+def quantize_int8(W: np.ndarray, block: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 with a scale per block: rows r·block … (r+1)·block − 1 of column c share
+    the scale s[r, c] = max |W[rows, c]| / 127, and q = round(W / s) (to the nearest integer,
+    halves to even, as ``np.rint``), so |q| ≤ 127 and |W − q·s| ≤ s / 2. A block of zeros
+    gets scale 0 and q = 0. The last block may have fewer than ``block`` rows.
+
+    Args:
+        W: (d_in, d_out) float, as lab 03's ``Linear.weight``.
+        block: ≥ 1 rows per block.
+
+    Returns:
+        (q int8 (d_in, d_out), scales float32 (ceil(d_in / block), d_out)).
+    """
+    W = _check_weight(W)
+    block = _check_block(block, "block")
+    W32 = W.astype(np.float32, copy=False)
+    scales = (np.maximum.reduceat(np.abs(W32), np.arange(0, W.shape[0], block), axis=0) / 127.0).astype(np.float32)
+    per_row = np.repeat(np.where(scales > 0, scales, np.float32(1.0)), block, axis=0)[:W.shape[0]]
+    return np.clip(np.rint(W32 / per_row), -127, 127).astype(np.int8), scales
+
+
+def _check_quantised(q, scales, block) -> tuple[np.ndarray, np.ndarray, int]:
+    q, scales = np.asarray(q), np.asarray(scales)
+    block = _check_block(block, "block")
+    if q.dtype != np.int8 or q.ndim != 2:
+        raise ValueError(f"q must be an int8 (d_in, d_out) array, got {q.dtype} {q.shape}")
+    if scales.shape != (-(-q.shape[0] // block), q.shape[1]):
+        raise ValueError(f"scales must be (ceil(d_in / block), d_out) = ({-(-q.shape[0] // block)}, {q.shape[1]}) "
+                         f"for q {q.shape} and block={block}, got {scales.shape}")
+    return q, scales.astype(np.float32, copy=False), block
+
+
+def dequantize_int8(q: np.ndarray, scales: np.ndarray, block: int = 64) -> np.ndarray:
+    """float32 (d_in, d_out): q · s, each row block of each column times its own scale (the
+    inverse of ``quantize_int8`` up to its rounding)."""
+    q, scales, block = _check_quantised(q, scales, block)
+    return q.astype(np.float32) * np.repeat(scales, block, axis=0)[:q.shape[0]]
+
+
+class Int8Linear(Layer):
+    """A lab-03 Linear with its weight stored as int8 with a scale per block
+    (``quantize_int8``); the bias stays float32.
+
+    ``layer(x)`` computes x @ W + bias with W dequantised tile by tile: a tile of whole
+    blocks of rows (about ``TILE_ELEMENTS`` numbers) is turned into float32 and multiplied
+    at once (y += x[:, rows] @ W[rows]); the whole float32 W never exists.
+
+    Attributes:
+        qweight: int8 (d_in, d_out); scales: float32 (ceil(d_in / block), d_out);
+        bias: float32 (d_out,) or None; d_in, d_out, block.
+    """
+
+    def __init__(self, linear: Linear, block: int = 64):
+        weight = getattr(linear, "weight", None)
+        if weight is None:
+            raise TypeError(f"linear must be a Linear with a (d_in, d_out) weight, got {type(linear).__name__}")
+        self.block = _check_block(block, "block")
+        self.qweight, self.scales = quantize_int8(weight, self.block)
+        self.d_in, self.d_out = self.qweight.shape
+        bias = getattr(linear, "bias", None)
+        self.bias = None if bias is None else np.array(bias, dtype=np.float32)
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """x (..., d_in) → (..., d_out) float32."""
+        x = as_float_array(x, "x")
+        check_last_dim(x, "x", self.d_in)
+        x2 = x.reshape(-1, self.d_in)
+        rows = max(1, TILE_ELEMENTS // (self.d_out * self.block)) * self.block  # whole blocks per tile
+        tile = lambda r0, r1: dequantize_int8(self.qweight[r0:r1], self.scales[r0 // self.block:-(-r1 // self.block)],
+                                              self.block)
+        y = np.zeros((x2.shape[0], self.d_out), dtype=np.float32)
+        for r0, r1 in _tile_bounds(self.d_in, rows):
+            y += x2[:, r0:r1] @ tile(r0, r1)
+        if self.bias is not None:
+            y += self.bias
+        return y.reshape(*x.shape[:-1], self.d_out)
+
+
+class Int8Embedding(Layer):
+    """The tied token table (V, D) as int8 with a scale per block of ``block`` features of each
+    token: W = wte.weight.T (D, V) quantised by ``quantize_int8`` and stored transposed, so
+    each token's row is contiguous.
+
+    ``layer(token_ids)`` → (…, D) float32, the rows looked up and dequantised;
+    ``layer.head(x)`` → x @ W (N, V), dequantised tile by tile over the vocabulary;
+    ``layer.weight`` → the whole (V, D) table dequantised (made on each access: slow and
+    large; for code such as lab 04's forward that reads the float table).
+
+    Attributes: qweight int8 (V, D); scales float32 (V, ceil(D / block)); block.
+    """
+
+    def __init__(self, embedding, block: int = 64):
+        weight = getattr(embedding, "weight", None)
+        if weight is None:
+            raise TypeError(f"embedding must be a TokenEmbedding with a (V, D) weight, got {type(embedding).__name__}")
+        self.block = _check_block(block, "block")
+        q, scales = quantize_int8(np.asarray(weight).T, self.block)  # (D, V), (nb, V)
+        self.qweight, self.scales = np.ascontiguousarray(q.T), np.ascontiguousarray(scales.T)
+        self.vocab_size, self.d_model = self.qweight.shape
+
+    @property
+    def weight(self) -> np.ndarray:
+        return dequantize_int8(self.qweight.T, self.scales.T, self.block).T
+
+    def forward(self, token_ids: np.ndarray) -> np.ndarray:
+        ids = _check_ids(token_ids, self.vocab_size, "token_ids", np.asarray(token_ids).ndim, "")
+        rows = self.qweight[ids].astype(np.float32)  # (..., D)
+        scale = np.repeat(self.scales[ids], self.block, axis=-1)[..., : self.d_model]
+        return rows * scale
+
+    def head(self, x: np.ndarray) -> np.ndarray:
+        """x (N, D) → logits (N, V), one tile of tokens at a time."""
+        x = as_float_array(x, "x")
+        check_ndim(x, "x", ndim=2, shape_hint="(N, D)")
+        check_last_dim(x, "x", self.d_model)
+        V, D, bl = self.vocab_size, self.d_model, self.block
+        out = np.empty((x.shape[0], V), dtype=np.float32)
+        rows = max(1, TILE_ELEMENTS // D)
+        for v0 in range(0, V, rows):
+            v1 = min(v0 + rows, V)
+            tile = self.qweight[v0:v1].astype(np.float32)  # (r, D)
+            tile *= np.repeat(self.scales[v0:v1], bl, axis=1)[:, :D]
+            np.matmul(x, tile.T, out=out[:, v0:v1])
+        return out
+
+
+def quantize_model(model: GPTModel, block: int = 64, *, head: bool = True) -> GPTModel:
+    """Weight-only int8 for a whole GPTModel, in place: every Linear of every block
+    (``attn.c_attn``, ``attn.c_proj``, ``mlp.c_fc``, ``mlp.c_proj``) becomes an
+    ``Int8Linear``; with ``head=True`` the tied table ``wte`` becomes an ``Int8Embedding``
+    (the biggest matrix of a small-vocabulary-heavy model such as GPT-2 small). LayerNorms,
+    biases and the position table stay float32.
+
+    The model still runs through lab 04's ``model(token_ids)`` and lab 06's
+    ``forward_with_cache`` (the layers are called the same way), and fast through
+    ``fast_forward``, ``forward_slots`` and the decoders here.
+
+    Returns:
+        the same model object.
+    """
+    _check_model(model)
+    block = _check_block(block, "block")
+    for b, (owner, name) in product(model.h, QUANTISED_LINEARS):
+        layer = attrgetter(owner)(b)
+        setattr(layer, name, Int8Linear(getattr(layer, name), block))
+    if head:
+        model.wte = Int8Embedding(model.wte, block)
+    return model

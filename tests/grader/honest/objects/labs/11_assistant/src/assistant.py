@@ -1,0 +1,764 @@
+"""Lab 11 · The assistant: a chat format, supervised fine-tuning on the assistant's tokens,
+LoRA adapters, a group of sampled answers with a verifiable reward, reinforcement learning
+in GRPO's form, and DPO, all on lab 04's GPTModel with lab 07's backward.
+
+Shapes: B sequences in a batch, T tokens per sequence, V vocabulary size, L = T − 1
+next-token positions (position t of a (B, L) array is the log-probability of token t + 1
+given tokens 0 … t), P prompts, G answers sampled per prompt, N preference pairs. Token
+ids are int64, masks bool, everything else float32.
+
+    conversation ─ render_chat ─ (ids, mask) ─ SFT on the masked tokens
+    prompt ─ sample_group ─ G answers ─ reward ─ group_advantages ─ grpo_loss ─ lab 07's backward
+    (correct, wrong) answer pairs ─ dpo_loss ─ lab 07's backward
+
+Every gradient here reaches the parameters the same way: the loss gives d loss / d logp for
+each scored token; since logp = log_softmax(logits)[target], d logp / d logits =
+onehot(target) − softmax(logits); lab 07's ``gpt_backward`` takes it from the logits on.
+
+Object style: a ``Turn`` dataclass renders itself; the logits of the next tokens live in a
+``NextTokens`` dataclass that picks the target log-probs with a one-hot mask and sends
+d loss / d logp back through lab 07; the masked mean is a product with the mask; the
+LoRA sums run through ``np.tensordot``; the completions are split at their first END with
+``argmax``; DPO's −log σ(z) is ``log1p(exp(−|z|))`` plus the positive part of −z.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from generation import generate, log_softmax
+from gpt import GPTModel
+from gptkit import Layer, as_float_array, check_length, check_ndim, make_rng
+from training import gpt_backward, gpt_forward
+
+USER = "<|user|>"
+ASSISTANT = "<|assistant|>"
+END = "<|end|>"
+CHAT_SPECIAL_TOKENS = (USER, ASSISTANT, END)  # what a chat tokenizer needs; lab 10's <|endoftext|> is not used
+ROLES = {"user": USER, "assistant": ASSISTANT}
+
+
+# -- the chat format ---------------------------------------------------------------------------
+
+def special_id(tokenizer, token: str) -> int:
+    """The id of the special token ``token`` in ``tokenizer`` (a lab-10 ``Tokenizer`` built
+    with ``special_tokens=CHAT_SPECIAL_TOKENS``). A tokenizer that does not encode it as a
+    single id is a ValueError that says how to build one that does."""
+    ids = list(tokenizer.encode(token))
+    if len(ids) != 1:
+        raise ValueError(f"the tokenizer encodes {token!r} as {len(ids)} ids, not one: build it with "
+                         f"special_tokens=CHAT_SPECIAL_TOKENS ({', '.join(CHAT_SPECIAL_TOKENS)})")
+    return int(ids[0])
+
+
+def _check_messages(tokenizer, messages) -> list[tuple[str, str]]:
+    """``messages`` as (role, content) pairs, or a ValueError naming the problem."""
+    if isinstance(messages, (str, dict)) or not hasattr(messages, "__len__"):
+        raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts")
+    if len(messages) == 0:
+        raise ValueError("an empty conversation has nothing to render: give at least one message")
+    specials = set(CHAT_SPECIAL_TOKENS) | set(getattr(tokenizer, "special_tokens", ()) or ())
+    turns = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or set(message) != {"role", "content"}:
+            raise ValueError(f"message {i} must be a dict with exactly the keys 'role' and 'content', got {message!r}")
+        role, content = message["role"], message["content"]
+        if role not in ROLES:
+            raise ValueError(f"message {i} has the unknown role {role!r}: a role is 'user' or 'assistant'")
+        if not isinstance(content, str):
+            raise ValueError(f"message {i}'s content must be a string, got {type(content).__name__}")
+        inside = [s for s in sorted(specials) if s in content]
+        if inside:
+            raise ValueError(f"message {i}'s content contains the special token {inside[0]!r}: a message may not "
+                             "open or close turns itself (the chat format alone places special tokens)")
+        turns.append((role, content))
+    return turns
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One checked message of a conversation."""
+
+    role: str
+    content: str
+
+    @property
+    def learned(self) -> bool:
+        return self.role == "assistant"
+
+    def render(self, tokenizer) -> tuple[list[int], list[bool]]:
+        """This turn's ids and mask: the role token, the content, and END after an answer."""
+        body = [int(i) for i in tokenizer.encode(self.content)]
+        ids = [special_id(tokenizer, ROLES[self.role])] + body
+        mask = [False] + [self.learned] * len(body)
+        if self.learned:
+            ids.append(special_id(tokenizer, END))
+            mask.append(True)
+        return ids, mask
+
+
+
+def render_chat(tokenizer, messages) -> tuple[np.ndarray, np.ndarray]:
+    """A conversation as token ids, with the mask of the tokens the model must learn to say.
+
+    Args:
+        tokenizer: a lab-10 ``Tokenizer`` whose special tokens include ``CHAT_SPECIAL_TOKENS``.
+        messages: a non-empty list of ``{"role": "user" | "assistant", "content": str}``, in
+            any order (several turns of each are fine).
+
+    Returns:
+        ``(ids, mask)``: int64 (T,) and bool (T,). A user turn is ``USER`` followed by the
+        content's ids; an assistant turn is ``ASSISTANT``, the content's ids, then ``END``:
+        ``<|user|>What is 347+85?<|assistant|>432<|end|>``. Nothing is added between turns
+        or at the ends. ``mask`` is True exactly on each assistant turn's content tokens and
+        its ``END``; False on ``USER``, ``ASSISTANT`` and every user token. An assistant
+        turn with empty content still has its ``END`` marked.
+
+    Raises:
+        ValueError: an empty conversation, a message that is not a dict with the keys
+        ``role`` and ``content``, an unknown role, content that is not a string, or content
+        that contains the text of a special token (the chat tokens or the tokenizer's own):
+        such text is refused, not encoded, so a message cannot fake a turn.
+    """
+    turns = _check_messages(tokenizer, messages)
+    ids: list[int] = []
+    mask: list[bool] = []
+    for turn in (Turn(role, content) for role, content in turns):
+        turn_ids, turn_mask = turn.render(tokenizer)
+        ids += turn_ids
+        mask += turn_mask
+    return np.array(ids, dtype=np.int64), np.array(mask, dtype=bool)
+
+
+def render_prompt(tokenizer, messages) -> np.ndarray:
+    """The ids that ask the model for the next assistant turn: ``render_chat``'s ids of
+    ``messages`` followed by ``ASSISTANT``, int64 (T,). The conversation must end with a
+    user turn (a ValueError otherwise: there is no question to answer); the other checks
+    are ``render_chat``'s."""
+    turns = _check_messages(tokenizer, messages)
+    if turns[-1][0] != "user":
+        raise ValueError("a prompt must end with a user turn: the model answers the last user message")
+    ids = render_chat(tokenizer, messages)[0]
+    return np.concatenate([ids, [special_id(tokenizer, ASSISTANT)]]).astype(np.int64)
+
+
+def pad_batch(examples, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pad ``(ids, mask)`` pairs (each (T_i,), as ``render_chat`` returns) to the
+    longest: ``(ids, mask)``, int64 (B, T_max) and bool (B, T_max). Row i holds example i's
+    ids then ``pad_id``; its mask is the example's mask then False, so padding is never
+    learned. An empty list, a pair whose ids and mask differ in length, or a mask that is
+    not boolean is a ValueError."""
+    pad_id = check_length(pad_id, "pad_id", minimum=0)
+    examples = list(examples)
+    if not examples:
+        raise ValueError("pad_batch needs at least one (ids, mask) example")
+    pairs = []
+    for i, example in enumerate(examples):
+        ids, mask = (np.asarray(a) for a in example)
+        if ids.ndim != 1 or mask.shape != ids.shape:
+            raise ValueError(f"example {i}: ids and mask must both be 1-D and the same length, got {ids.shape} "
+                             f"and {mask.shape}")
+        if mask.dtype != bool or ids.dtype.kind not in "iu":
+            raise ValueError(f"example {i}: ids must be integers and mask booleans, got {ids.dtype} and {mask.dtype}")
+        pairs.append((ids, mask))
+    width = max(ids.size for ids, _ in pairs)
+    rows_ids, rows_mask = [], []
+    for ids, mask in pairs:
+        extra = width - ids.size
+        rows_ids.append(np.concatenate([ids.astype(np.int64), np.full(extra, pad_id, dtype=np.int64)]))
+        rows_mask.append(np.concatenate([mask, np.zeros(extra, dtype=bool)]))
+    return np.array(rows_ids, dtype=np.int64), np.array(rows_mask, dtype=bool)
+
+
+# -- supervised fine-tuning ------------------------------------------------------------------------
+
+def _check_ids_mask(ids, mask, name: str = "ids"):
+    ids, mask = np.asarray(ids), np.asarray(mask)
+    check_ndim(ids, name, ndim=2, shape_hint="(B, T)")
+    if ids.dtype.kind not in "iu":
+        raise ValueError(f"{name} must be integer token ids, got dtype {ids.dtype}")
+    if mask.shape != ids.shape or mask.dtype != bool:
+        raise ValueError(f"mask must be booleans of {name}' shape {ids.shape}, got {mask.dtype} {mask.shape}")
+    if ids.shape[1] < 2:
+        raise ValueError(f"{name} needs at least 2 tokens per row (one to read, one to predict), got {ids.shape}")
+    return ids, mask
+
+
+def masked_cross_entropy(logits: np.ndarray, targets: np.ndarray, mask: np.ndarray):
+    """Cross-entropy over the masked positions only, and its gradient.
+
+    Args:
+        logits: (B, T, V) float. targets: (B, T) int ids. mask: (B, T) bool, True where the
+            target counts (the assistant's tokens).
+
+    Returns:
+        ``(loss, dlogits)``: loss, a float32 scalar, the mean of −log softmax(logits)[target]
+        over the M positions where ``mask`` is True (each counted token weighs 1/M, whatever
+        its row); dlogits (B, T, V) float32 = (softmax(logits) − onehot(target)) / M on
+        those positions and exactly 0 elsewhere. Targets at masked-out positions are
+        never read (padding may hold any id).
+
+    Raises:
+        ValueError: shapes that do not line up, a mask that is not boolean or has no True
+        (a mean over no tokens), a counted target outside 0 … V − 1.
+    """
+    logits = as_float_array(logits, "logits")
+    check_ndim(logits, "logits", ndim=3, shape_hint="(B, T, V)")
+    targets, mask = np.asarray(targets), np.asarray(mask)
+    if targets.shape != logits.shape[:2] or targets.dtype.kind not in "iu":
+        raise ValueError(f"targets must be integer ids of shape {logits.shape[:2]}, got {targets.dtype} {targets.shape}")
+    if mask.shape != targets.shape or mask.dtype != bool:
+        raise ValueError(f"mask must be booleans of shape {targets.shape}, got {mask.dtype} {mask.shape}")
+    if not mask.any():
+        raise ValueError("the mask has no True position: the mean loss over no tokens is undefined")
+    V = logits.shape[-1]
+    counted = targets[mask]
+    if counted.min() < 0 or counted.max() >= V:
+        raise ValueError(f"counted targets must be ids in 0 … {V - 1}, got values from {counted.min()} to {counted.max()}")
+    M = int(np.count_nonzero(mask))
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    logp = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))  # (B, T, V)
+    # −1 matches no id: a masked-out position has an all-zero one-hot row, whatever its target
+    onehot = (np.where(mask, targets, -1)[..., None] == np.arange(V)).astype(logits.dtype)
+    loss = -(logp * onehot).sum() / M
+    dlogits = (np.exp(logp) * mask[..., None] - onehot) / M
+    return logits.dtype.type(loss), dlogits.astype(logits.dtype)
+
+
+@dataclass
+class NextTokens:
+    """The logits of ``ids[:, :-1]`` from lab 07's forward, scored against ``ids[:, 1:]``."""
+
+    model: GPTModel
+    ids: np.ndarray
+    logits: np.ndarray = field(init=False)
+    cache: dict = field(init=False, repr=False)
+
+    def __post_init__(self):
+        self.logits, self.cache = gpt_forward(self.model, self.ids[:, :-1])
+
+    @property
+    def targets(self) -> np.ndarray:
+        return self.ids[:, 1:]
+
+    @property
+    def onehot(self) -> np.ndarray:
+        return (self.targets[..., None] == np.arange(self.logits.shape[-1])).astype(np.float32)
+
+    @property
+    def probs(self) -> np.ndarray:
+        e = np.exp(self.logits - self.logits.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+
+    def logp(self) -> np.ndarray:
+        """(B, T − 1) log-probability of each next token."""
+        return (log_softmax(self.logits, axis=-1) * self.onehot).sum(axis=-1)
+
+    def backward(self, dlogp: np.ndarray) -> dict[str, np.ndarray]:
+        """lab 07's grads from d loss / d logp: d logp / d logits = onehot − softmax."""
+        dlogits = dlogp[..., None] * (self.onehot - self.probs)
+        return gpt_backward(self.model, self.cache, dlogits.astype(np.float32))
+
+
+
+def sft_loss_and_grads(model: GPTModel, ids: np.ndarray, mask: np.ndarray):
+    """``(loss, grads)`` of supervised fine-tuning on a padded batch.
+
+    Args:
+        model: a lab-04 GPTModel. ids: (B, T) int, e.g. from ``pad_batch``. mask: (B, T)
+            bool, True on the tokens to learn (``render_chat``'s mask, padded).
+
+    Returns:
+        loss: ``masked_cross_entropy`` of the logits of ``ids[:, :-1]`` against the next
+        tokens ``ids[:, 1:]``, counted where ``mask[:, 1:]`` (a token is learned where it is
+        the target, so the mask of the target's position counts); grads: lab 07's
+        ``gpt_backward`` dict, ``model.state_dict()``'s names. The model runs as
+        ``gpt_forward`` runs it (no dropout unless in training mode and given an rng: none
+        is given here).
+    """
+    ids, mask = _check_ids_mask(ids, mask)
+    scores = NextTokens(model, ids)
+    loss, dlogits = masked_cross_entropy(scores.logits, scores.targets, mask[:, 1:])
+    return loss, gpt_backward(model, scores.cache, dlogits)
+
+
+# -- LoRA ----------------------------------------------------------------------------------------
+
+class LoRALinear(Layer):
+    """A lab-03 ``Linear`` with a low-rank adapter: ``y = x @ W + b + (α/r)·(x @ A) @ B``.
+
+    ``LoRALinear(base, rank, alpha, *, rng=None)``.
+
+    Attributes:
+        base: the wrapped Linear (its ``weight`` W (d_in, d_out) and ``bias`` are frozen:
+            they get no gradient here).
+        A: (d_in, rank) float32, drawn from N(0, 1/d_in) (standard deviation 1/√d_in, so
+            ``x @ A`` keeps the scale of x) with ``rng``.
+        B: (rank, d_out) float32 zeros: the adapted layer starts equal to the base.
+        rank (r), alpha (α), scale = α / r, d_in, d_out.
+        merged: True once ``merge()`` has added scale·A @ B into ``base.weight``.
+        weight, bias (read-only): the effective weight W + scale·A @ B (just ``base.weight``
+            when merged) and the base's bias, so that lab 07's ``gpt_backward`` runs through
+            an adapted model as through a plain one; the forward never forms the sum.
+
+    ``rank`` must be at least 1 and at most min(d_in, d_out); ``alpha`` a positive number.
+    """
+
+    def __init__(self, base, rank: int, alpha: float, *, rng: np.random.Generator | None = None):
+        if not hasattr(base, "weight") or np.asarray(base.weight).ndim != 2:
+            raise ValueError(f"LoRALinear wraps a Linear (with a 2-D weight), got {type(base).__name__}")
+        if isinstance(base, LoRALinear):
+            raise ValueError("this layer already has a LoRA adapter")
+        d_in, d_out = base.weight.shape
+        self.rank = check_length(rank, "rank")
+        if rank > min(d_in, d_out):
+            raise ValueError(f"rank {rank} is more than min(d_in, d_out) = {min(d_in, d_out)}: not a low-rank adapter")
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.integer, np.floating)) or not alpha > 0:
+            raise ValueError(f"alpha must be a positive number, got {alpha!r}")
+        self.base = base
+        self.d_in, self.d_out = int(d_in), int(d_out)
+        self.alpha = float(alpha)
+        self.scale = self.alpha / self.rank
+        self.merged = False
+        std = 1.0 / np.sqrt(d_in)
+        self.A = np.float32(std) * make_rng(rng).standard_normal((d_in, rank)).astype(np.float32)
+        self.B = np.zeros((rank, d_out), dtype=np.float32)
+
+    @property
+    def weight(self) -> np.ndarray:
+        if self.merged:
+            return self.base.weight
+        return self.base.weight + np.float32(self.scale) * (self.A @ self.B)
+
+    @property
+    def bias(self):
+        return self.base.bias
+
+    def forward(self, x: np.ndarray) -> np.ndarray:
+        """x (..., d_in) → (..., d_out): ``base(x) + scale · (x @ A) @ B``, through the rank-r
+        bottleneck (W + scale·A @ B is never formed); just ``base(x)`` when merged."""
+        x = as_float_array(x, "x")
+        if x.ndim == 0 or x.shape[-1] != self.d_in:
+            raise ValueError(f"x must have last dimension {self.d_in}, got shape {x.shape}")
+        out = self.base(x)
+        if not self.merged:
+            bottleneck = x @ self.A  # (..., r)
+            out = out + np.float32(self.scale) * (bottleneck @ self.B)
+        return out
+
+    def backward(self, dout: np.ndarray, x: np.ndarray):
+        """Backward of the forward above, for the adapter only.
+
+        Args:
+            dout: (..., d_out) gradient of the loss with respect to the output. x: (..., d_in)
+                the forward's input.
+
+        Returns:
+            ``(dx, dA, dB)``: (..., d_in), (d_in, r), (r, d_out). W and the bias are frozen
+            and get nothing. dB = scale · (x @ A)ᵀ @ dout and dA = scale · xᵀ @ (dout @ Bᵀ),
+            each summed over every leading position; dx = dout @ Wᵀ + scale · (dout @ Bᵀ) @ Aᵀ
+            (when merged, W already holds the adapter: dx = dout @ Wᵀ; dA and dB are the same).
+        """
+        dout, x = as_float_array(dout, "dout"), as_float_array(x, "x")
+        if dout.shape[-1:] != (self.d_out,) or x.shape[-1:] != (self.d_in,) or dout.shape[:-1] != x.shape[:-1]:
+            raise ValueError(f"dout must be (..., {self.d_out}) and x (..., {self.d_in}) with the same leading shape, "
+                             f"got {dout.shape} and {x.shape}")
+        lead = tuple(range(x.ndim - 1))  # the leading axes, summed over
+        h = x @ self.A
+        dh = dout @ self.B.T * self.scale
+        dB = self.scale * np.tensordot(h, dout, axes=(lead, lead))
+        dA = np.tensordot(x, dh, axes=(lead, lead))
+        dx = dout @ self.base.weight.T
+        if not self.merged:
+            dx = dx + dh @ self.A.T
+        return dx.astype(x.dtype), dA.astype(np.float32), dB.astype(np.float32)
+
+    def _delta(self) -> np.ndarray:
+        """scale · A @ B, what the adapter adds to the base weight (formed only to merge)."""
+        return np.float32(self.scale) * (self.A @ self.B)
+
+    def merge(self) -> None:
+        """Add scale · A @ B into ``base.weight`` (in place) and set ``merged``: the layer then
+        costs what the base costs. Merging a merged layer is a ValueError."""
+        if self.merged:
+            raise ValueError("this adapter is already merged into the base weight")
+        self.base.weight += self._delta()
+        self.merged = True
+
+    def unmerge(self) -> None:
+        """Take scale · A @ B back out of ``base.weight`` (in place; equal to the weight before
+        ``merge`` up to float32 rounding) and clear ``merged``. Unmerging a layer that is not
+        merged is a ValueError."""
+        if not self.merged:
+            raise ValueError("this adapter is not merged: there is nothing to take out of the base weight")
+        self.base.weight -= self._delta()
+        self.merged = False
+
+
+LORA_TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+
+
+def _parent(model, name: str):
+    *path, attr = name.split(".")
+    node = model
+    for part in path:
+        node = node[int(part)] if part.isdigit() else getattr(node, part, None)
+        if node is None:
+            raise ValueError(f"the model has no layer {name!r}")
+    return node, attr
+
+
+def add_lora(model: GPTModel, rank: int, alpha: float, targets=LORA_TARGETS, *,
+             rng: np.random.Generator | None = None) -> dict[str, LoRALinear]:
+    """Put a ``LoRALinear`` in place of the Linear layers named by ``targets`` in every block.
+
+    Args:
+        model: a lab-04 GPTModel, changed in place.
+        rank, alpha, rng: for each ``LoRALinear`` (drawn block by block, in ``targets``'
+            order, from the one ``rng``).
+        targets: names within a block (default all four Linears: ``attn.c_attn``,
+            ``attn.c_proj``, ``mlp.c_fc``, ``mlp.c_proj``).
+
+    Returns:
+        ``{name: adapter}`` with full names (``h.0.attn.c_attn``, …). The model's forward
+        (and lab 06's cached generation) then runs through the adapters; its state dict
+        holds each base as ``<name>.base.weight`` and the adapter as ``<name>.A``,
+        ``<name>.B``. Train with ``lora_grads`` and ``lora_parameters``; ``merge_lora``
+        gives back a plain GPTModel. An unknown target, or a layer that already has an
+        adapter, is a ValueError.
+    """
+    rng = make_rng(rng)
+    if isinstance(targets, str):
+        targets = (targets,)
+    adapters: dict[str, LoRALinear] = {}
+    for i in range(len(model.h)):
+        for target in targets:
+            name = f"h.{i}.{target}"
+            parent, attr = _parent(model, name)
+            layer = getattr(parent, attr, None)
+            if layer is None:
+                raise ValueError(f"the model has no layer {name!r}")
+            adapters[name] = LoRALinear(layer, rank, alpha, rng=rng)
+            setattr(parent, attr, adapters[name])
+    return adapters
+
+
+def lora_parameters(adapters: dict[str, LoRALinear]) -> dict[str, np.ndarray]:
+    """``{"<name>.A": A, "<name>.B": B}`` for every adapter: the arrays themselves, for lab
+    07's AdamW to update in place (the base weights are not among them: they stay frozen)."""
+    params = {}
+    for name, adapter in adapters.items():
+        params[f"{name}.A"], params[f"{name}.B"] = adapter.A, adapter.B
+    return params
+
+
+def lora_grads(grads: dict[str, np.ndarray], adapters: dict[str, LoRALinear]) -> dict[str, np.ndarray]:
+    """The adapters' gradients from lab 07's dense ones.
+
+    Args:
+        grads: ``gpt_backward``'s dict for a model with adapters: ``grads["<name>.weight"]``
+            is G = ∂L/∂W_eff, the gradient with respect to the effective weight
+            W + scale·A @ B of each adapted layer (the other entries are ignored).
+        adapters: ``add_lora``'s dict.
+
+    Returns:
+        ``{"<name>.A": dA, "<name>.B": dB}`` (``lora_parameters``' names), with
+        dA = scale · G @ Bᵀ (d_in, r) and dB = scale · Aᵀ @ G (r, d_out): since
+        W_eff = W + scale·A @ B, a change dA moves W_eff by scale·dA @ B.
+    """
+    out = {}
+    for name, adapter in adapters.items():
+        if f"{name}.weight" not in grads:
+            raise ValueError(f"grads has no {name}.weight: give gpt_backward's dict for the adapted model")
+        G = np.asarray(grads[f"{name}.weight"])
+        if G.shape != (adapter.d_in, adapter.d_out):
+            raise ValueError(f"grads[{name}.weight] must be ({adapter.d_in}, {adapter.d_out}), got {G.shape}")
+        scale = np.float32(adapter.scale)
+        out[f"{name}.A"] = (scale * G @ adapter.B.T).astype(np.float32)
+        out[f"{name}.B"] = (scale * adapter.A.T @ G).astype(np.float32)
+    return out
+
+
+def merge_lora(model: GPTModel, adapters: dict[str, LoRALinear]) -> GPTModel:
+    """Merge every adapter into its base weight and put the base Linear back in the model,
+    in place: the model is a plain GPTModel again (GPT-2's state-dict names), computing what
+    the adapted model computed. Returns the model."""
+    for name, adapter in adapters.items():
+        parent, attr = _parent(model, name)
+        if getattr(parent, attr, None) is not adapter:
+            raise ValueError(f"{name} of this model is not the adapter given")
+        if not adapter.merged:
+            adapter.merge()
+        setattr(parent, attr, adapter.base)
+    return model
+
+
+# -- log-probabilities, sampling and the reward ----------------------------------------------------
+
+def token_logprobs(model: GPTModel, ids: np.ndarray) -> np.ndarray:
+    """log p(token t + 1 | tokens 0 … t) for every position: float32 (B, T − 1), from one
+    forward pass of ``model`` (in whatever mode it is in) on ``ids`` (B, T), T ≥ 2."""
+    ids = np.asarray(ids)
+    check_ndim(ids, "ids", ndim=2, shape_hint="(B, T)")
+    if ids.shape[1] < 2:
+        raise ValueError(f"ids needs at least 2 tokens per row, got {ids.shape}")
+    logits = model(ids[:, :-1])
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    lse = np.log(np.exp(shifted).sum(axis=-1))  # (B, T−1)
+    picked = np.take_along_axis(shifted, ids[:, 1:, None], axis=-1)[..., 0]
+    return (picked - lse).astype(np.float32)
+
+
+def sequence_logprobs(model: GPTModel, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """log p of the masked tokens of each row, summed: float32 (B,). ``mask`` (B, T) marks
+    the tokens scored (an answer's tokens); position 0 cannot be scored (nothing precedes
+    it), so it must be False."""
+    ids, mask = _check_ids_mask(ids, mask)
+    if mask[:, 0].any():
+        raise ValueError("mask[:, 0] must be False: the first token has no log-probability (nothing precedes it)")
+    per_token = token_logprobs(model, ids)
+    return (per_token * mask[:, 1:].astype(np.float32)).sum(axis=1).astype(np.float32)
+
+
+def sample_group(model: GPTModel, prompt_ids: np.ndarray, group_size: int, max_new_tokens: int, *,
+                 temperature: float = 1.0, rng: np.random.Generator | None = None, end_id: int) -> np.ndarray:
+    """``group_size`` answers to one prompt, sampled together.
+
+    Args:
+        model: a GPTModel in eval mode. prompt_ids: (T,) int, e.g. ``render_prompt``'s.
+        group_size: G ≥ 1 rows. max_new_tokens: n ≥ 1, at most max_seq_len − T.
+        temperature, rng: as lab 06's ``generate`` (every draw comes from ``rng``).
+        end_id: the ``END`` id: a row stops there.
+
+    Returns:
+        int64 (G, T + m), m ≤ n: every row starts with the prompt; lab 06's ``generate``
+        (KV cache on, ``eos_token_id=end_id``) appends the answers, a row that has ended is
+        filled with ``end_id``, and m < n only when every row has ended.
+    """
+    prompt_ids = np.asarray(prompt_ids)
+    check_ndim(prompt_ids, "prompt_ids", ndim=1, shape_hint="(T,)")
+    group_size = check_length(group_size, "group_size")
+    max_new_tokens = check_length(max_new_tokens, "max_new_tokens")
+    prompts = np.broadcast_to(prompt_ids.astype(np.int64), (group_size, prompt_ids.size)).copy()
+    return generate(model, prompts, max_new_tokens, temperature=temperature, rng=rng, eos_token_id=end_id,
+                    use_cache=True)
+
+
+def completion_mask(sequences: np.ndarray, prompt_len: int, end_id: int) -> np.ndarray:
+    """bool (G, S) for ``sample_group``'s (G, S) rows: True on each row's answer tokens, from
+    position ``prompt_len`` up to and including its first ``end_id`` (to the end of the
+    row if it has none); False on the prompt and on the ``end_id`` filling after the first."""
+    sequences = np.asarray(sequences)
+    check_ndim(sequences, "sequences", ndim=2, shape_hint="(G, S)")
+    prompt_len = check_length(prompt_len, "prompt_len", minimum=0)
+    if prompt_len > sequences.shape[1]:
+        raise ValueError(f"prompt_len {prompt_len} is longer than the sequences ({sequences.shape[1]} tokens)")
+    G, S = sequences.shape
+    is_end = sequences[:, prompt_len:] == end_id
+    has_end = is_end.any(axis=1)
+    last = np.where(has_end, is_end.argmax(axis=1), S - prompt_len - 1)  # the last answer position
+    positions = np.arange(S - prompt_len)
+    mask = np.zeros((G, S), dtype=bool)
+    mask[:, prompt_len:] = positions[None, :] <= last[:, None]
+    return mask
+
+
+def reward(tokenizer, prompt_len: int, sequence: np.ndarray, answer: str) -> float:
+    """1.0 if the sampled answer is exactly ``answer``, else 0.0.
+
+    The completion is ``sequence[prompt_len:]`` (tokens after the prompt) up to its first
+    ``END``; it scores 1.0 when that END is there and the tokens before it decode to
+    exactly ``answer`` (no spaces trimmed). An answer that never reaches ``END`` is
+    unfinished and scores 0.0. Nothing in the prompt counts, even if it contains the
+    answer's text.
+    """
+    sequence = np.asarray(sequence)
+    check_ndim(sequence, "sequence", ndim=1, shape_hint="(T,)")
+    prompt_len = check_length(prompt_len, "prompt_len", minimum=0)
+    if prompt_len > len(sequence):
+        raise ValueError(f"prompt_len {prompt_len} is longer than the sequence ({len(sequence)} tokens)")
+    if not isinstance(answer, str):
+        raise ValueError(f"answer must be a string, got {type(answer).__name__}")
+    completion = sequence[prompt_len:]
+    ends = np.flatnonzero(completion == special_id(tokenizer, END))
+    if ends.size == 0:
+        return 0.0  # unfinished
+    said = tokenizer.decode([int(i) for i in completion[: ends[0]]])
+    return 1.0 if said == answer else 0.0
+
+
+# -- reinforcement learning: GRPO's form --------------------------------------------------------
+
+def group_advantages(rewards: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """Each answer's advantage within its own prompt's group: float32 (P, G),
+    (r − mean of the group) / (std of the group + eps), with the population standard
+    deviation (divide by G). A group whose rewards are all equal (all right or all wrong)
+    teaches nothing: its advantages are exactly 0. ``rewards`` (P, G), G ≥ 1."""
+    rewards = as_float_array(rewards, "rewards")
+    check_ndim(rewards, "rewards", ndim=2, shape_hint="(P prompts, G answers each)")
+    advantages = np.zeros(rewards.shape, dtype=np.float32)
+    for row, group in enumerate(rewards):
+        if group.max() == group.min():
+            continue  # nothing to learn from this prompt
+        centred = group - group.mean()
+        advantages[row] = centred / (np.sqrt(np.mean(centred ** 2)) + eps)
+    return advantages
+
+
+def kl_k3(logp: np.ndarray, logp_ref: np.ndarray) -> np.ndarray:
+    """The k3 estimator of KL(policy ‖ reference) per sampled token, elementwise:
+    exp(ref − logp) − (ref − logp) − 1 (≥ 0, and 0 exactly where the two agree)."""
+    logp, logp_ref = as_float_array(logp, "logp"), as_float_array(logp_ref, "logp_ref")
+    if logp.shape != logp_ref.shape:
+        raise ValueError(f"logp and logp_ref must have the same shape, got {logp.shape} and {logp_ref.shape}")
+    log_ratio = logp_ref - logp
+    return np.exp(log_ratio) - (log_ratio + 1.0)
+
+
+def grpo_loss(logp: np.ndarray, logp_old: np.ndarray, logp_ref: np.ndarray, advantages: np.ndarray,
+              mask: np.ndarray, *, clip_eps: float = 0.2, kl_coef: float = 0.04):
+    """The clipped policy-gradient loss with a KL penalty, GRPO's form, and its gradient.
+
+    Args:
+        logp: (B, L) log-probabilities of the sampled tokens under the policy being trained.
+        logp_old: (B, L) the same under the policy that sampled them (constant).
+        logp_ref: (B, L) the same under the frozen reference (the SFT model; constant).
+        advantages: (B,) one per sequence (``group_advantages``, flattened).
+        mask: (B, L) bool, True on the answer's tokens (the sampled ones).
+        clip_eps: ε of the clip. kl_coef: β, the weight of the KL penalty.
+
+    Per token, with ratio = exp(logp − logp_old) and A the row's advantage:
+        objective = min(ratio·A, clip(ratio, 1 − ε, 1 + ε)·A) − β · k3,
+        k3 = exp(ref − logp) − (ref − logp) − 1 (``kl_k3``).
+
+    Returns:
+        ``(loss, dlogp)``: loss = − the mean of the objective over all masked tokens of the
+        batch (each answer token weighs the same, whatever the length of its answer; a
+        float32 scalar); dlogp (B, L) float32, its gradient with respect to ``logp`` only
+        (logp_old and logp_ref are constants), 0 where mask is False. Where the clip is
+        active (the clipped term is the smaller) the ratio term gives no gradient.
+        A mask with no True is a ValueError.
+    """
+    logp = as_float_array(logp, "logp")
+    check_ndim(logp, "logp", ndim=2, shape_hint="(B, L)")
+    logp_old, logp_ref = as_float_array(logp_old, "logp_old"), as_float_array(logp_ref, "logp_ref")
+    advantages, mask = as_float_array(advantages, "advantages"), np.asarray(mask)
+    if logp_old.shape != logp.shape or logp_ref.shape != logp.shape:
+        raise ValueError(f"logp, logp_old and logp_ref must share the shape (B, L), got {logp.shape}, "
+                         f"{logp_old.shape}, {logp_ref.shape}")
+    if advantages.shape != logp.shape[:1]:
+        raise ValueError(f"advantages must be one per sequence, shape ({logp.shape[0]},), got {advantages.shape}")
+    if mask.shape != logp.shape or mask.dtype != bool:
+        raise ValueError(f"mask must be booleans of shape {logp.shape}, got {mask.dtype} {mask.shape}")
+    if not mask.any():
+        raise ValueError("the mask has no True position: the mean over no tokens is undefined")
+    if not 0 <= clip_eps < 1 or kl_coef < 0:
+        raise ValueError(f"clip_eps must be in [0, 1) and kl_coef ≥ 0, got {clip_eps} and {kl_coef}")
+    weights = mask.astype(np.float32) / np.count_nonzero(mask)  # each answer token weighs 1/M
+    A = advantages.reshape(-1, 1)
+    ratio = np.exp(logp - logp_old)
+    plain = ratio * A
+    clipped = np.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * A
+    inside = (ratio >= 1.0 - clip_eps) & (ratio <= 1.0 + clip_eps)
+    objective = np.minimum(plain, clipped) - kl_coef * kl_k3(logp, logp_ref)
+    loss = -np.sum(objective * weights)
+    # the plain term carries gradient where it is the smaller, or where the clip changes nothing
+    ratio_grad = plain * ((plain <= clipped) | inside)
+    kl_grad = kl_coef * (1.0 - np.exp(logp_ref - logp))
+    dlogp = -(ratio_grad - kl_grad) * weights
+    return np.float32(loss), dlogp.astype(np.float32)
+
+
+def rl_loss_and_grads(model: GPTModel, ids: np.ndarray, mask: np.ndarray, logp_old: np.ndarray,
+                      logp_ref: np.ndarray, advantages: np.ndarray, *, clip_eps: float = 0.2,
+                      kl_coef: float = 0.04):
+    """``(loss, grads)`` of one GRPO update on a batch of sampled sequences.
+
+    Args:
+        model: the policy (a GPTModel, possibly with adapters).
+        ids: (B, T) int, prompts and sampled answers, right-padded.
+        mask: (B, T) bool, True on the answer tokens (``completion_mask``, padded); the
+            scored positions are ``mask[:, 1:]``.
+        logp_old, logp_ref: (B, T − 1) ``token_logprobs`` of ``ids`` under the sampling
+            policy and under the frozen reference.
+        advantages: (B,). clip_eps, kl_coef: as ``grpo_loss``.
+
+    Returns:
+        loss: ``grpo_loss`` with the policy's own ``token_logprobs`` of ``ids``; grads:
+        ``gpt_backward``'s dict. The chain: d loss/d logits[b, t] = dlogp[b, t] ·
+        (onehot(ids[b, t + 1]) − softmax(logits[b, t])), then lab 07's backward. Only the
+        sampled (masked) tokens carry gradient.
+    """
+    ids, mask = _check_ids_mask(ids, mask)
+    scores = NextTokens(model, ids)
+    loss, dlogp = grpo_loss(scores.logp(), logp_old, logp_ref, advantages, mask[:, 1:], clip_eps=clip_eps,
+                            kl_coef=kl_coef)
+    return loss, scores.backward(dlogp)
+
+
+# -- DPO -------------------------------------------------------------------------------------------
+
+def dpo_loss(policy_chosen: np.ndarray, policy_rejected: np.ndarray, ref_chosen: np.ndarray,
+             ref_rejected: np.ndarray, beta: float = 0.1):
+    """Direct preference optimisation's loss on N pairs, and its gradient.
+
+    Args:
+        policy_chosen, policy_rejected: (N,) summed log-probabilities of the chosen
+            (preferred) and rejected answers under the policy being trained.
+        ref_chosen, ref_rejected: (N,) the same under the frozen reference (constants).
+        beta: β > 0, how far the policy may move from the reference.
+
+    Returns:
+        ``(loss, d_policy_chosen, d_policy_rejected)``: with
+        z = β·((πc − rc) − (πr − rr)), loss = −mean log σ(z) (computed stably, as
+        mean log(1 + e^(−z))), a float32 scalar; the gradients (N,) float32:
+        dπc = −β·σ(−z)/N and dπr = +β·σ(−z)/N.
+    """
+    arrays = [as_float_array(a, name) for a, name in ((policy_chosen, "policy_chosen"),
+              (policy_rejected, "policy_rejected"), (ref_chosen, "ref_chosen"), (ref_rejected, "ref_rejected"))]
+    if any(a.ndim != 1 or a.shape != arrays[0].shape for a in arrays) or arrays[0].size == 0:
+        raise ValueError("policy_chosen, policy_rejected, ref_chosen and ref_rejected must be four non-empty (N,) "
+                         f"arrays, got shapes {[a.shape for a in arrays]}")
+    if isinstance(beta, bool) or not isinstance(beta, (int, float, np.integer, np.floating)) or not beta > 0:
+        raise ValueError(f"beta must be a positive number, got {beta!r}")
+    pc, pr, rc, rr = arrays
+    N = pc.size
+    z = beta * ((pc - rc) - (pr - rr))
+    e = np.exp(-np.abs(z))
+    loss = np.mean(np.log1p(e) + np.maximum(-z, 0.0))  # log(1 + e^(−z)), no overflow
+    sigma_neg = np.where(z >= 0, e / (1.0 + e), 1.0 / (1.0 + e))  # σ(−z)
+    d_chosen = -beta * sigma_neg / N
+    return np.float32(loss), d_chosen.astype(np.float32), (beta * sigma_neg / N).astype(np.float32)
+
+
+def dpo_loss_and_grads(model: GPTModel, chosen_ids: np.ndarray, chosen_mask: np.ndarray, rejected_ids: np.ndarray,
+                       rejected_mask: np.ndarray, ref_chosen: np.ndarray, ref_rejected: np.ndarray, *,
+                       beta: float = 0.1):
+    """``(loss, grads)`` of one DPO update.
+
+    Args:
+        model: the policy. chosen_ids, chosen_mask, rejected_ids, rejected_mask: (N, T) ids
+            and masks of the answers' tokens (as ``sequence_logprobs`` takes them; both
+            padded to the same T). ref_chosen, ref_rejected: (N,) ``sequence_logprobs``
+            under the frozen reference. beta: as ``dpo_loss``.
+
+    Returns:
+        loss: ``dpo_loss`` of the policy's ``sequence_logprobs``; grads: ``gpt_backward``'s
+        dict. Each scored token of a chosen answer gets d loss/d logp = dπc of its pair (a
+        sum's gradient reaches every term), of a rejected one dπr, and lab 07's backward
+        runs once on the chosen and rejected rows together.
+    """
+    chosen_ids, chosen_mask = _check_ids_mask(chosen_ids, chosen_mask, "chosen_ids")
+    rejected_ids, rejected_mask = _check_ids_mask(rejected_ids, rejected_mask, "rejected_ids")
+    if chosen_ids.shape != rejected_ids.shape:
+        raise ValueError(f"chosen and rejected must be padded to the same shape, got {chosen_ids.shape} and "
+                         f"{rejected_ids.shape}")
+    N = chosen_ids.shape[0]
+    scores = NextTokens(model, np.concatenate([chosen_ids, rejected_ids], axis=0))
+    scored = np.concatenate([chosen_mask, rejected_mask], axis=0)[:, 1:].astype(np.float32)
+    summed = (scores.logp() * scored).sum(axis=1)
+    loss, d_chosen, d_rejected = dpo_loss(summed[:N], summed[N:], ref_chosen, ref_rejected, beta)
+    per_pair = np.concatenate([d_chosen, d_rejected])
+    return loss, scores.backward(per_pair[:, None] * scored)
