@@ -473,7 +473,7 @@ def test_adapted_model_matches_torch():
     for name in reversed(names):
         for which in ("B", "A"):
             want = f[f"d{which}.{name}"]
-            assert_close(got[f"{name}.{which}"], want, atol=1e-4 * float(np.abs(want).max()) + 1e-7, rtol=1e-3,
+            assert_close(got[f"{name}.{which}"], want, atol=3e-4 * float(np.abs(want).max()) + 1e-7, rtol=1e-3,
                          what=f"the gradient of {name}.{which} vs torch", diagnoses=stored_diagnoses(f, f"d{which}.{name}"),
                          hint="W_eff = W + (α/r)·A @ B, so dA = (α/r)·G @ Bᵀ and dB = (α/r)·Aᵀ @ G with G = ∂L/∂W_eff")
 
