@@ -69,7 +69,8 @@ class DataParallel:
             futures = [self._pool.submit(self._plain, model, x[s], y[s], rng=r)
                        for s, r in zip(shards, rngs)]
             results = [f.result() for f in futures]
-        weights = [(s.stop - s.start) / len(x) for s in shards]
+        # Python floats: a NumPy float64 weight would turn every float32 gradient into float64.
+        weights = [int(s.stop - s.start) / len(x) for s in shards]
         loss = sum(w * float(r[0]) for w, r in zip(weights, results))
         grads = {}
         for name, g in results[0][1].items():

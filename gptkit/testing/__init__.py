@@ -13,6 +13,7 @@ _HOMES = {
     "checkpoints": ["checkpoint_on_disk", "real_checkpoint"],
     "firstdiff": ["first_difference", "first_in_order"],
     "fixtures": ["diagnosis_label", "fixture_params", "load_fixture", "stored_diagnoses"],
+    "gradcheck": ["numeric_gradient"],
     "loader": ["lab"],
     "remote": ["arguments_written_back", "next_item", "same_object", "shares_memory"],
 }

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from gptkit.checkpoints import GPT2Shape, gpt2_parameter_shapes, random_gpt2_state
 from gptkit.testing import (arguments_written_back, assert_close, assert_float32, explains_errors, first_in_order, fixture_params, lab,
-                            load_fixture, raises_clearly, stored_diagnoses)
+                            load_fixture, numeric_gradient, raises_clearly, stored_diagnoses)
 from gptkit.testing.parameters import set_parameters
 
 S = lab("training")
@@ -37,19 +37,7 @@ SAME_MASK = ("with dropout on, every backward must let the gradient through the 
 
 # --- helpers ---------------------------------------------------------------------------------
 
-def _numeric(f, x, eps=1e-6):
-    """∂f/∂x by central differences, element by element (x is float64)."""
-    x = np.array(x, dtype=np.float64)
-    g = np.zeros_like(x)
-    for idx in np.ndindex(x.shape):
-        old = x[idx]
-        x[idx] = old + eps
-        up = f(x)
-        x[idx] = old - eps
-        down = f(x)
-        x[idx] = old
-        g[idx] = (up - down) / (2 * eps)
-    return g
+_numeric = numeric_gradient  # ∂f/∂x by central differences (x in float64)
 
 
 def _check_grad(yours, numeric, what, name, hint=None, tol=TOL):

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from gptkit.checkpoints import GPT2Shape, random_gpt2_state
 from gptkit.testing import (arguments_written_back, assert_close, assert_float32, assert_ndarray, explains_errors,
-                            first_in_order, fixture_params, lab, load_fixture, raises_clearly, same_object,
-                            stored_diagnoses)
+                            first_in_order, fixture_params, lab, load_fixture, numeric_gradient, raises_clearly,
+                            same_object, stored_diagnoses)
 from gptkit.testing.parameters import set_parameters
 
 A = lab("assistant")
@@ -65,19 +65,7 @@ def _model(state, shape=SMALL):
                                         f"num_layers={shape.num_layers})")
 
 
-def _numeric(f, x, eps=1e-6):
-    """∂f/∂x by central differences, element by element (x is float64)."""
-    x = np.array(x, dtype=np.float64)
-    g = np.zeros_like(x)
-    for idx in np.ndindex(x.shape):
-        old = x[idx]
-        x[idx] = old + eps
-        up = f(x)
-        x[idx] = old - eps
-        down = f(x)
-        x[idx] = old
-        g[idx] = (up - down) / (2 * eps)
-    return g
+_numeric = numeric_gradient  # ∂f/∂x by central differences (x in float64)
 
 
 def _check_grad(yours, numeric, what, name, hint=None, tol=1e-6):

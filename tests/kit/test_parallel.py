@@ -134,3 +134,13 @@ def test_code_that_keeps_state_on_the_model_is_caught():
 def test_workers_below_one_are_refused():
     with pytest.raises(ValueError, match="workers must be at least 1"):
         DataParallel(TR, 0)
+
+
+def test_float32_gradients_stay_float32():
+    """The shards' weights are Python numbers: a NumPy float64 weight would turn the
+    float32 gradients of lab 07 into float64 (and AdamW's moments with them)."""
+    x, y, model = _batch(5)
+    model, y = {"W": model["W"].astype(np.float32)}, y.astype(np.float32)
+    with DataParallel(TR, 2) as par:
+        _, sharded = par.loss_and_grads(model, x, y)
+    assert sharded["W"].dtype == np.float32, f"sharded gradients came back as {sharded['W'].dtype}"
