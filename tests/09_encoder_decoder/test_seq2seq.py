@@ -183,7 +183,7 @@ def test_decoder_layer_post_norm_matches_reference():
         out = layer(f["x"], f["memory"], M.decoder_mask(f["tgt_keep"]), M.cross_attention_mask(f["src_keep"], 4))
     assert_close(_real(out, f["tgt_keep"]), _real(f["out"], f["tgt_keep"]),
                  what="DecoderLayer (post-norm, GELU) on x (3, 4, 16) over memory (3, 6, 16), at the real target "
-                      "positions", diagnoses=_real_diagnoses(f, "out", f["tgt_keep"]),
+                      "positions", diagnoses=_real_diagnoses(f, "out", f["tgt_keep"]), atol=1e-4, rtol=1e-3,
                  hint="post-norm: x = LN(x + SelfAttn(x)); x = LN(x + CrossAttn(x, memory)); x = LN(x + FFN(x)), "
                       "each sub-layer with its own LayerNorm; the cross-attention's keys and values come from "
                       "the encoder's output")
@@ -196,6 +196,7 @@ def test_decoder_layer_pre_norm_matches_reference():
         out = layer(f["x"], f["memory"], M.decoder_mask(f["tgt_keep"]), M.cross_attention_mask(f["src_keep"], 4))
     assert_close(_real(out, f["tgt_keep"]), _real(f["out"], f["tgt_keep"]),
                  what="DecoderLayer (pre-norm, norm_first=True, ReLU), at the real target positions",
+                 atol=1e-4, rtol=1e-3,
                  diagnoses=_real_diagnoses(f, "out", f["tgt_keep"]),
                  hint="pre-norm: x = x + SelfAttn(LN(x)); x = x + CrossAttn(LN(x), memory); x = x + FFN(LN(x))")
 
@@ -251,7 +252,7 @@ def test_swish_encoder_layer_uses_silu(name):
 def test_dropout_only_while_training():
     layer, f = _decoder_layer(dropout=0.3)
     args = (f["x"], f["memory"], M.decoder_mask(f["tgt_keep"]), M.cross_attention_mask(f["src_keep"], 4))
-    assert_close(layer(*args), f["out"], what="DecoderLayer(dropout=0.3) in eval mode",
+    assert_close(layer(*args), f["out"], what="DecoderLayer(dropout=0.3) in eval mode", atol=1e-4, rtol=1e-3,
                  hint="dropout is active in eval mode: in eval mode it must be the identity")
     layer.train()
     assert not np.allclose(layer(*args), f["out"]), "DecoderLayer(dropout=0.3).train() never applies dropout"
@@ -320,7 +321,7 @@ def test_more_source_padding_changes_nothing(extra):
     got = _second_call(lambda m: m(longer, f["tgt"]), model,
                        f"EncoderDecoderModel on the source with {extra} more padding columns, after a call on the "
                        "source without them")
-    assert_close(got, logits, what=f"logits with {extra} more source padding columns", atol=1e-4,
+    assert_close(got, logits, what=f"logits with {extra} more source padding columns", atol=5e-4, rtol=1e-3,
                  hint="extending the source padding changed the output: padded source positions must be "
                       "masked in the encoder and in the cross-attention")
 
@@ -473,7 +474,7 @@ def test_two_decoder_caches_interleaved():
         for i, (m, k) in enumerate(zip(memories, (keep, other_keep))):
             pieces[i].append(M.decode_step(model, ids[:, a:b], m, k, caches[i]))
     for i, (m, k) in enumerate(zip(memories, (keep, other_keep))):
-        assert_close(np.concatenate(pieces[i], axis=1), model.decode(ids, m, k), atol=1e-4,
+        assert_close(np.concatenate(pieces[i], axis=1), model.decode(ids, m, k), atol=5e-4, rtol=1e-3,
                      what=f"decode_step through cache {i + 1} of two used in turn (two source sentences) vs decode",
                      hint="each DecoderCache holds its own keys and values: nothing is shared between caches or "
                           "kept on the layers")
