@@ -526,9 +526,12 @@ class BatchedDecoder:
 
     ``submit`` queues a request. Each ``step``:
 
-    1. admits waiting requests (first come, first served) into free slots: the slot is
-       reset, and the prompt's tokens except its last are run into it (the prefill, one
-       ``forward_slots`` call per admitted request with more than one prompt token);
+    1. admits waiting requests (first come, first served) into free slots: each slot is
+       reset, and the prompts' tokens except their last are run into their slots (the
+       prefill: ONE ``forward_slots`` call for every request admitted this step with more
+       than one prompt token, the prompts right-padded to the longest with token 0; then
+       each slot's length is set back to its own prompt's length − 1, so the padding's keys
+       lie past it, where no query looks and the next tokens overwrite them);
     2. runs ONE ``forward_slots`` call over every active request, each feeding the one token
        its slot does not hold yet (the prompt's last token, or the token chosen last step)
        at its own position;
@@ -593,16 +596,22 @@ class BatchedDecoder:
         """Admit, run one batched forward pass, pick one token per active request, retire the
         finished ones. Returns {request id: the token it got this step} (empty when nothing
         is active or waiting)."""
-        ### BEGIN SOLUTION fill free slots from the queue (reset, prefill all but the last prompt token); one forward_slots over the active slots' pending tokens; sample; finish and free slots
+        ### BEGIN SOLUTION fill free slots from the queue (reset); one padded prefill of the admitted prompts but their last tokens, lengths set back; one forward_slots over the active slots' pending tokens; sample; finish and free slots
+        admitted = []
         for s in range(len(self.slots)):
             if self.slots[s] is None and self.waiting:
-                rid = self.waiting.popleft()
-                self.slots[s] = rid
+                self.slots[s] = self.waiting.popleft()
                 self.cache.reset(s)
-                prompt = self._requests[rid]["tokens"]
-                if len(prompt) > 1:
-                    forward_slots(self.model, np.array([prompt[:-1]]), self.cache, np.array([s]))
-                    self.forward_calls += 1
+                admitted.append(s)
+        prefill = [s for s in admitted if self._requests[self.slots[s]]["prompt_len"] > 1]
+        if prefill:
+            prompts = [self._requests[self.slots[s]]["tokens"][:-1] for s in prefill]
+            ids = np.zeros((len(prompts), max(len(p) for p in prompts)), dtype=np.int64)  # (B, longest), padded with 0
+            for row, prompt in zip(ids, prompts):
+                row[: len(prompt)] = prompt
+            forward_slots(self.model, ids, self.cache, np.array(prefill))
+            self.forward_calls += 1
+            self.cache.lengths[prefill] = [len(p) for p in prompts]  # the padding's keys lie past each length
         active = [s for s, rid in enumerate(self.slots) if rid is not None]
         if not active:
             return {}

@@ -383,9 +383,12 @@ class BatchedDecoder:
 
     ``submit`` queues a request. Each ``step``:
 
-    1. admits waiting requests (first come, first served) into free slots: the slot is
-       reset, and the prompt's tokens except its last are run into it (the prefill, one
-       ``forward_slots`` call per admitted request with more than one prompt token);
+    1. admits waiting requests (first come, first served) into free slots: each slot is
+       reset, and the prompts' tokens except their last are run into their slots (the
+       prefill: ONE ``forward_slots`` call for every request admitted this step with more
+       than one prompt token, the prompts right-padded to the longest with token 0; then
+       each slot's length is set back to its own prompt's length − 1, so the padding's keys
+       lie past it, where no query looks and the next tokens overwrite them);
     2. runs ONE ``forward_slots`` call over every active request, each feeding the one token
        its slot does not hold yet (the prompt's last token, or the token chosen last step)
        at its own position;
@@ -451,7 +454,7 @@ class BatchedDecoder:
         finished ones. Returns {request id: the token it got this step} (empty when nothing
         is active or waiting)."""
         # YOUR CODE HERE
-        raise NotImplementedError("Lab 12 · BatchedDecoder.step: fill free slots from the queue (reset, prefill all but the last prompt token); one forward_slots over the active slots' pending tokens; sample; finish and free slots")
+        raise NotImplementedError("Lab 12 · BatchedDecoder.step: fill free slots from the queue (reset); one padded prefill of the admitted prompts but their last tokens, lengths set back; one forward_slots over the active slots' pending tokens; sample; finish and free slots")
 
     def run(self) -> dict[int, np.ndarray]:
         """Step until no request is active or waiting. Returns {request id: int64 (T + m,)

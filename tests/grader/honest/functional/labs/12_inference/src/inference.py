@@ -509,9 +509,12 @@ class BatchedDecoder:
 
     ``submit`` queues a request. Each ``step``:
 
-    1. admits waiting requests (first come, first served) into free slots: the slot is
-       reset, and the prompt's tokens except its last are run into it (the prefill, one
-       ``forward_slots`` call per admitted request with more than one prompt token);
+    1. admits waiting requests (first come, first served) into free slots: each slot is
+       reset, and the prompts' tokens except their last are run into their slots (the
+       prefill: ONE ``forward_slots`` call for every request admitted this step with more
+       than one prompt token, the prompts right-padded to the longest with token 0; then
+       each slot's length is set back to its own prompt's length − 1, so the padding's keys
+       lie past it, where no query looks and the next tokens overwrite them);
     2. runs ONE ``forward_slots`` call over every active request, each feeding the one token
        its slot does not hold yet (the prompt's last token, or the token chosen last step)
        at its own position;
@@ -581,10 +584,14 @@ class BatchedDecoder:
         for s, rid in admitted:
             self.slots[s] = rid
             self.cache.reset(s)
-            prompt = self._requests[rid]["tokens"]
-            if len(prompt) > 1:
-                forward_slots(self.model, np.array([prompt[:-1]]), self.cache, np.array([s]))
-                self.forward_calls += 1
+        heads = [(s, self._requests[rid]["tokens"][:-1]) for s, rid in admitted if self._requests[rid]["prompt_len"] > 1]
+        if heads:
+            width = max(len(h) for _, h in heads)
+            padded = np.array([h + [0] * (width - len(h)) for _, h in heads])
+            forward_slots(self.model, padded, self.cache, np.array([s for s, _ in heads]))
+            self.forward_calls += 1
+            for s, h in heads:
+                self.cache.lengths[s] = len(h)
         active = [(s, rid) for s, rid in enumerate(self.slots) if rid is not None]
         if not active:
             return {}

@@ -618,9 +618,12 @@ class BatchedDecoder:
 
     ``submit`` queues a request. Each ``step``:
 
-    1. admits waiting requests (first come, first served) into free slots: the slot is
-       reset, and the prompt's tokens except its last are run into it (the prefill, one
-       ``forward_slots`` call per admitted request with more than one prompt token);
+    1. admits waiting requests (first come, first served) into free slots: each slot is
+       reset, and the prompts' tokens except their last are run into their slots (the
+       prefill: ONE ``forward_slots`` call for every request admitted this step with more
+       than one prompt token, the prompts right-padded to the longest with token 0; then
+       each slot's length is set back to its own prompt's length − 1, so the padding's keys
+       lie past it, where no query looks and the next tokens overwrite them);
     2. runs ONE ``forward_slots`` call over every active request, each feeding the one token
        its slot does not hold yet (the prompt's last token, or the token chosen last step)
        at its own position;
@@ -685,6 +688,7 @@ class BatchedDecoder:
         """Admit, run one batched forward pass, pick one token per active request, retire the
         finished ones. Returns {request id: the token it got this step} (empty when nothing
         is active or waiting)."""
+        prefills: dict[int, list[int]] = {}
         for slot, occupant in enumerate(self.slots):
             if occupant is not None or not self.waiting:
                 continue
@@ -692,10 +696,17 @@ class BatchedDecoder:
             admitted.record = self._requests[admitted.rid]
             self.slots[slot] = admitted.rid
             self.cache.reset(slot)
-            prefill = admitted.record["tokens"][:-1]
-            if prefill:
-                forward_slots(self.model, np.array([prefill]), self.cache, np.array([slot]))
-                self.forward_calls += 1
+            if len(admitted.record["tokens"]) > 1:
+                prefills[slot] = admitted.record["tokens"][:-1]
+        if prefills:
+            longest = max(map(len, prefills.values()))
+            block = np.zeros((len(prefills), longest), dtype=np.int64)
+            for row, tokens in enumerate(prefills.values()):
+                block[row, : len(tokens)] = tokens
+            forward_slots(self.model, block, self.cache, np.fromiter(prefills, dtype=np.int64))
+            self.forward_calls += 1
+            for slot, tokens in prefills.items():
+                self.cache.lengths[slot] = len(tokens)
         running = [ActiveRequest(rid, slot, self._requests[rid]) for slot, rid in enumerate(self.slots) if rid is not None]
         if not running:
             return {}
