@@ -22,6 +22,7 @@ import stat
 import subprocess
 import sys
 import sysconfig
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +34,10 @@ LEFT_OUT = {"torch", "torchgen", "functorch", "nvidia", "triton", "transformers"
 LEFT_OUT_STDLIB = {"test", "site-packages", "idlelib", "ensurepip", "lib2to3", "tkinter", "turtledemo"}
 RUNTIMES = os.environ.get("GRADER_RUNTIME_DIR", "/var/tmp/gptkit-runtimes")
 FORMAT = 2  # bumped when the layout below changes
+# A public runtime is named by its installation, so each change of the installation (a
+# `uv sync`, a new Python) makes a new one beside the old. Each use marks it; the others,
+# unused this long, and builds left half-made this long ago, are removed by the next build.
+STALE_AFTER_S = 24 * 3600
 
 PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP = 38, 24
 CLONE_NEWNET, CLONE_NEWUSER, CLONE_NEWIPC = 0x40000000, 0x10000000, 0x08000000
@@ -176,12 +181,31 @@ def _safe_parent(path: str) -> None:
     os.chmod(path, 0o755)
 
 
+def _prune(parent: str, keep: str) -> None:
+    """Remove from ``parent`` the public runtimes other than ``keep`` and the half-made
+    builds that nothing has used for ``STALE_AFTER_S`` (a runtime's folder is marked at
+    each use). Anything else in ``parent`` is left alone."""
+    now = time.time()
+    for entry in os.scandir(parent):
+        named = len(entry.name) == 24 and all(c in "0123456789abcdef" for c in entry.name)
+        if entry.name == keep or not (named or entry.name.startswith(".build-")):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and now - st.st_mtime > STALE_AFTER_S:
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
 def build_public_runtime(host: Runtime, parent: str = RUNTIMES) -> Runtime:
     """The interpreter and the packages, as a root-owned world-readable folder named by a
-    hash of the installation: made once (atomically: built aside, then renamed), reused."""
+    hash of the installation: made once (atomically: built aside, then renamed), reused;
+    runtimes of other installations unused for a day are removed when a new one is made."""
     _safe_parent(parent)
     final = os.path.join(parent, _key(host))
     if not os.path.isdir(os.path.join(final, "python")):
+        _prune(parent, os.path.basename(final))
         tmp = os.path.join(parent, f".build-{secrets.token_hex(8)}")
         os.mkdir(tmp, 0o755)
         try:
@@ -194,6 +218,7 @@ def build_public_runtime(host: Runtime, parent: str = RUNTIMES) -> Runtime:
             shutil.rmtree(tmp, ignore_errors=True)
             if not os.path.isdir(os.path.join(final, "python")):  # not made by a grader beside this one
                 raise
+    os.utime(final)  # in use: not stale for another STALE_AFTER_S
     real = os.path.realpath(host.executable)
     exe = os.path.join(final, "python", os.path.relpath(real, os.path.realpath(sys.base_prefix)))
     site = tuple(os.path.join(final, f"site-{i}") for i in range(len(host.site)))

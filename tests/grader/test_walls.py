@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 import threading
+import time
 
 import pytest
 
@@ -379,3 +380,25 @@ def test_without_a_usable_drop_grading_is_refused_in_one_line(monkeypatch, tmp_p
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "refusing to grade as root" in err, err
     assert not (tmp_path / "out2" / "gradebook.csv").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="public runtimes are root's")
+def test_public_runtimes_of_old_installations_are_removed(monkeypatch, tmp_path):
+    """Each installation gets its own public runtime; building one removes the runtimes
+    and half-made builds nothing has used for a day, and keeps recent ones and anything
+    else in the folder."""
+    parent = tmp_path / "runtimes"
+    parent.mkdir(mode=0o755)
+    old, recent, half = parent / ("a" * 24), parent / ("b" * 24), parent / ".build-0123"
+    other = parent / "notes"
+    for path in (old, recent, half, other):
+        path.mkdir()
+    day_and_more = time.time() - runtime.STALE_AFTER_S - 60
+    for path in (old, half, other):
+        os.utime(path, (day_and_more, day_and_more))
+    monkeypatch.setattr(runtime, "_copy_tree", lambda src, dst, left_out: os.makedirs(dst))
+    rt = runtime.build_public_runtime(runtime.host_runtime(), str(parent))
+    kept = sorted(p.name for p in parent.iterdir())
+    made = os.path.basename(os.path.dirname(rt.site[0]))
+    assert kept == sorted([recent.name, other.name, made]), kept
+    assert time.time() - os.stat(parent / made).st_mtime < runtime.STALE_AFTER_S
