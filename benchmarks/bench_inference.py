@@ -10,8 +10,10 @@ Five measurements, each a table of its contestants, their ratios and the targets
 1. Forward pass of GPT-2 small's shape (random weights, float32, batch 1) at ``--seq``
    tokens: lab 12's fast forward, lab 04's plain forward and HuggingFace's
    ``GPT2LMHeadModel`` on PyTorch (CPU); beside them the forward's matrix products alone,
-   back to back in NumPy (what OpenBLAS allows before any other work). Target: the fast
-   forward ≤ 0.9× PyTorch's time.
+   back to back in NumPy (what OpenBLAS allows before any other work), and the rest of its
+   work alone (``forward_other_work``: softmax, GELU, norms, biases, residuals at their
+   fewest passes), whose sum is the least a NumPy forward takes. Target: the fast forward
+   ≤ 0.9× PyTorch's time.
 2. Single-stream cached decoding of GPT-2 small (greedy, ``--new-tokens`` after a
    ``--prompt``-token prompt): lab 12's decoder with one stream, lab 06's ``generate``, the
    decoder's own products alone (``decoder_products``: its prefill's, then one row per
@@ -118,6 +120,34 @@ def forward_products(model, T: int):
     return products
 
 
+def forward_other_work(model, T: int, inference):
+    """The forward pass's work other than its matrix products, alone, at T tokens, each at
+    its fewest NumPy passes on arrays made beforehand: per block, the softmax over the
+    causal half of the scores (subtract each row's max, exp in place, the row sums), lab
+    12's ``fast_gelu`` on c_fc's output, the two LayerNorms (lab 12's ``_layer_norm``), the
+    four biases and the two residual additions; then the final LayerNorm. No tiling, no
+    masking, no copies: what any NumPy forward does beside its products, at the least."""
+    D, H = model.d_model, model.h[0].attn.num_heads
+    half = np.ones((H, T, (T + 1) // 2), np.float32)  # as many scores as the causal half holds
+    hidden, x, y = np.ones((T, 4 * D), np.float32), np.ones((T, D), np.float32), np.ones((T, D), np.float32)
+    qkv = np.ones((T, 3 * D), np.float32)
+    ln = model.h[0].ln_1
+
+    def other():
+        for b in model.h:
+            np.subtract(half, half.max(axis=-1, keepdims=True), out=half)
+            np.exp(half, out=half)
+            half.sum(axis=-1)
+            inference.fast_gelu(hidden)
+            inference._layer_norm(x, ln), inference._layer_norm(x, ln)
+            for out, bias in ((qkv, b.attn.c_attn.bias), (y, b.attn.c_proj.bias), (hidden, b.mlp.c_fc.bias),
+                              (y, b.mlp.c_proj.bias), (x, y), (x, y)):
+                np.add(out, bias, out=out)
+        inference._layer_norm(x, model.ln_f)
+
+    return other
+
+
 def bench_forward(args, model, hf, inference) -> dict:
     import torch
 
@@ -133,8 +163,10 @@ def bench_forward(args, model, hf, inference) -> dict:
         "PyTorch (HuggingFace GPT2LMHeadModel)": (pytorch, args.repeats),
         "lab 12 fast forward": (lambda: inference.fast_forward(model, ids), args.repeats),
         "lab 04 plain forward": (lambda: model(ids), args.repeats),
-        common.PROBE + "products alone": (forward_products(model, T), args.repeats)})
+        common.PROBE + "products alone": (forward_products(model, T), args.repeats),
+        common.PROBE + "other work alone": (forward_other_work(model, T, inference), args.repeats)})
     times["the products alone (NumPy)"] = times.pop(common.PROBE + "products alone")
+    times["the other work alone (NumPy)"] = times.pop(common.PROBE + "other work alone")
     print(f"### Forward pass, GPT-2 small, T = {T}, batch 1")
     print()
     base = "PyTorch (HuggingFace GPT2LMHeadModel)"
@@ -146,9 +178,12 @@ def bench_forward(args, model, hf, inference) -> dict:
     print(f"- lab 04 plain forward ÷ PyTorch: {plain:.2f}×; the products alone ÷ PyTorch: {alone:.2f}×"
           f" (the fast forward spends {100 * times['the products alone (NumPy)'] / times['lab 12 fast forward']:.0f}%"
           " of its time in them)")
+    floor = (times["the products alone (NumPy)"] + times["the other work alone (NumPy)"]) / times[base]
+    print(f"- the products alone and the other work alone together ÷ PyTorch: {floor:.2f}× (the least a NumPy "
+          "forward can take here, each part at its fewest passes with nothing between them)")
     print(f"- largest |Δ logit| against PyTorch: {diff:.2e}")
     print()
-    return {"fast": fast, "plain": plain}
+    return {"fast": fast, "plain": plain, "floor": floor}
 
 
 # -- 2 and 3. single-stream and batched decoding --------------------------------------------------
@@ -462,7 +497,8 @@ def main() -> None:
     print(f"Load average at the end: {os.getloadavg()[0]:.1f}.")
     print()
     common.print_summary(
-        f"lab 12's forward of GPT-2 small takes {forward['fast']:.2f}× PyTorch's time (lab 04's {forward['plain']:.2f}×); "
+        f"lab 12's forward of GPT-2 small takes {forward['fast']:.2f}× PyTorch's time (lab 04's {forward['plain']:.2f}×, "
+        f"its products and other work alone {forward['floor']:.2f}×); "
         f"one stream decodes at {100 * decoding['single']:.0f}% of its products alone, {args.streams} streams at "
         f"{decoding['vs_single']:.1f}× one (their products alone allow {decoding['ceiling']:.1f}×; "
         f"{decoding['vs_hf']:.1f}× HuggingFace); speculative decoding "
