@@ -16,8 +16,8 @@ Five measurements, each a table of its contestants, their ratios and the targets
    ≤ 0.9× PyTorch's time.
 2. Single-stream cached decoding of GPT-2 small (greedy, ``--new-tokens`` after a
    ``--prompt``-token prompt): lab 12's decoder with one stream, lab 06's ``generate``, the
-   decoder's own products alone (``decoder_products``: its prefill's, then one row per
-   step), the mat-vec products of the steps alone (``common.matvecs_run``) and the
+   decoder's own products alone (``common.matvecs_run`` with ``prefill``: its prefill's,
+   then one row per step), the mat-vec products of the steps alone and the
    memory-bandwidth bound (``common.bandwidth_runs``). Target: ≥ 85% of its products alone.
 3. Batched decoding: ``--streams`` requests in lab 12's ``BatchedDecoder``, aggregate
    tokens/s, against the single stream (≥ 5×), the single-stream bandwidth bound (past it)
@@ -207,25 +207,6 @@ def serve(inference, model, streams: int, n: int):
     return make
 
 
-def decoder_products(matrices: list, streams: int, prompt: int, n: int):
-    """A run: the products a decoder of ``streams`` streams runs, alone and back to back,
-    on arrays made beforehand: its prefill (the ``streams`` prompts but their last tokens,
-    ``streams · prompt`` rows through every matrix, one product each, as one
-    ``forward_slots`` call runs them, the head included), then ``n`` steps of ``streams``
-    rows. Nothing else of a step: what BLAS allows this decoder."""
-    pre = [np.ones((streams * prompt, m.shape[0]), np.float32) for m in matrices]
-    rows = [np.ones((streams, m.shape[0]), np.float32) for m in matrices]
-
-    def products():
-        for x, m in zip(pre, matrices):
-            x @ m
-        for _ in range(n):
-            for x, m in zip(rows, matrices):
-                x @ m
-
-    return products
-
-
 def bench_decoding(args, model, hf, inference, generation) -> dict:
     import stripped
 
@@ -249,8 +230,9 @@ def bench_decoding(args, model, hf, inference, generation) -> dict:
         hf_name: (common.hf_greedy(hf, prompts, n), args.repeats),
         **common.bandwidth_runs(args.repeats),
         **common.matvecs_run(matrices, n, args.repeats),
-        common.PROBE + "one": (decoder_products(matrices, 1, T - 1, n), args.repeats),
-        common.PROBE + "batch": (decoder_products(matrices, S, T - 1, n), args.repeats)})
+        # the decoders' own products: the prompts' prefill in one pass, then steps of 1 or S rows
+        **common.matvecs_run(matrices, n, args.repeats, prefill=T - 1, name="one"),
+        **common.matvecs_run(matrices, n, args.repeats, rows=S, prefill=S * (T - 1), name="batch")})
     print(f"### Decoding GPT-2 small: one stream and {S} streams")
     print()
     print(f"{n} new tokens per stream after {T}-token prompts, greedy; tokens/s counts every stream's new tokens.")

@@ -216,22 +216,28 @@ def bandwidth_runs(repeats: int) -> dict:
             PROBE + "x @ W": (lambda: x_left @ W, max(3, repeats))}
 
 
-def matvecs_run(matrices: list, n: int, repeats: int) -> dict:
-    """A run for ``time_runs``: the decoder's own products and nothing else, ``n`` tokens'
-    worth: ``x @ M`` for every matrix M in the order a token meets them (x a row of ones),
-    back to back, without the biases, norms, attention and sampling between them. Its
-    tokens/s is the most a decoder can reach with these products as BLAS runs them; its
-    ratio to the bound separates the products' own speed from the rest of a step."""
+def matvecs_run(matrices: list, n: int, repeats: int, *, rows: int = 1, prefill: int = 0,
+                name: str = "products alone") -> dict:
+    """A run for ``time_runs`` (named ``PROBE + name``): the decoder's own products and
+    nothing else, ``n`` tokens' worth: ``x @ M`` for every matrix M in the order a token
+    meets them (x ``rows`` rows of ones: one per stream decoded together), back to back,
+    without the biases, norms, attention and sampling between them; first, with
+    ``prefill`` > 0, one product per matrix of that many rows (a prompt pass). Its tokens/s
+    is the most a decoder can reach with these products as BLAS runs them; its ratio to the
+    bound separates the products' own speed from the rest of a step."""
     import numpy as np
 
-    rows = [np.ones((1, m.shape[0]), np.float32) for m in matrices]
+    xs = [np.ones((rows, m.shape[0]), np.float32) for m in matrices]
+    pre = [np.ones((prefill, m.shape[0]), np.float32) for m in matrices] if prefill else []
 
     def products():
+        for x, m in zip(pre, matrices):
+            x @ m
         for _ in range(n):
-            for x, m in zip(rows, matrices):
+            for x, m in zip(xs, matrices):
                 x @ m
 
-    return {PROBE + "products alone": (products, repeats)}
+    return {PROBE + name: (products, repeats)}
 
 
 STRIPPED = "NumPy, stripped step"  # the name of the stripped decoder's run (benchmarks/stripped.py)

@@ -287,7 +287,7 @@ def test_one_step_advances_prompts_of_different_lengths_together():
         if lengths == [n + 1 for n in held]:
             why = ("each prompt's last token was cached twice, at two positions: the prefill runs a prompt's tokens "
                    "but its last, and the step feeds that last token")
-        elif lengths[:2] == [max(held) - 1 + 1] * 2:  # the padded prefill's width, then the step's token
+        elif lengths[:2] == [max(held)] * 2:  # the padded prefill's width (longest − 1), then the step's token
             why = ("the prompts prefilled together are padded to the longest, and each slot's length stayed at the "
                    "padded width: set each slot's length back to its own prompt's length − 1 after the prefill "
                    "(the padding's keys then lie past it)")
