@@ -91,31 +91,33 @@ def seconds_table(times: dict, base: str, what: str) -> None:
 # -- 1. the forward pass ---------------------------------------------------------------------------
 
 def forward_products(model, T: int):
-    """The forward pass's matrix products alone at T tokens, on arrays made beforehand:
-    every Linear as one (T, in) @ (in, out) product, attention's scores and weighted sums
-    per head over the causal half (query blocks of 128, each against the keys up to its
-    end), the tied head. The most OpenBLAS allows a NumPy forward."""
+    """The forward pass's matrix products alone at T tokens, each written into an array made
+    beforehand (``out=``): every Linear as one (T, in) @ (in, out) product, attention's
+    scores and weighted sums per head over the causal half (query blocks of 128, each
+    against the keys up to its end), the tied head. The most OpenBLAS allows a NumPy
+    forward."""
     D, H = model.d_model, model.h[0].attn.num_heads
     d = D // H
     rows = {w.shape[0]: np.ones((T, w.shape[0]), np.float32) for b in model.h
             for w in (b.attn.c_attn.weight, b.mlp.c_fc.weight, b.mlp.c_proj.weight)}
+    outs = {w.shape: np.empty((T, w.shape[1]), np.float32) for b in model.h
+            for w in (b.attn.c_attn.weight, b.attn.c_proj.weight, b.mlp.c_fc.weight, b.mlp.c_proj.weight)}
     q = np.ones((H, T, d), np.float32)
     kt = np.ones((H, d, T), np.float32)
+    scores, weighted = np.empty((H, 128, T), np.float32), np.empty((H, 128, d), np.float32)
     head = model.wte.weight.T
     x = np.ones((T, D), np.float32)
+    logits = np.empty((T, head.shape[1]), np.float32)
     blocks = [(s, min(s + 128, T)) for s in range(0, T, 128)]
 
     def products():
         for b in model.h:
-            a, m = b.attn, b.mlp
-            rows[D] @ a.c_attn.weight
+            for w in (b.attn.c_attn.weight, b.attn.c_proj.weight, b.mlp.c_fc.weight, b.mlp.c_proj.weight):
+                np.matmul(rows[w.shape[0]], w, out=outs[w.shape])
             for s, e in blocks:
-                w = q[:, s:e] @ kt[:, :, :e]  # (H, e-s, e)
-                w @ q[:, :e]
-            rows[D] @ a.c_proj.weight
-            rows[D] @ m.c_fc.weight
-            rows[m.c_fc.weight.shape[1]] @ m.c_proj.weight
-        x @ head
+                w = np.matmul(q[:, s:e], kt[:, :, :e], out=scores[:, : e - s, :e])  # (H, e-s, e)
+                np.matmul(w, q[:, :e], out=weighted[:, : e - s])
+        np.matmul(x, head, out=logits)
 
     return products
 

@@ -88,15 +88,28 @@ def _check_block(block, name: str) -> int:
 
 # -- small pieces the fast paths share (given) ---------------------------------------------------
 
-def _layer_norm(x: np.ndarray, ln: LayerNorm) -> np.ndarray:
-    """``ln(x)`` for x (N, D), in one new array changed in place (the plain LayerNorm of lab 03
-    makes a fresh array for each of its five operations)."""
+def _layer_norm(x: np.ndarray, ln: LayerNorm, out: np.ndarray | None = None) -> np.ndarray:
+    """``ln(x)`` for x (N, D), in one array changed in place: a new one, or ``out`` (N, D) when
+    given (the plain LayerNorm of lab 03 makes a fresh array for each of its five operations)."""
     scale = 1.0 / x.shape[-1]
-    y = x - x.sum(axis=-1, keepdims=True) * scale  # the one new array (a sum: ndarray.mean costs more calls)
+    y = np.subtract(x, x.sum(axis=-1, keepdims=True) * scale, out=out)  # (a sum: ndarray.mean costs more calls)
     var = np.einsum("nd,nd->n", y, y)[:, None]  # (N, 1) sums of squares, without a y*y array
     y *= (var * scale + ln.eps) ** -0.5
     y *= ln.weight
     y += ln.bias
+    return y
+
+
+def _linear(layer, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``layer(x)`` for x (N, d_in): a lab-03 ``Linear`` as one product into a new array or
+    into ``out`` (N, d_out), its bias added in place (``x @ W + b`` makes a second array),
+    without the layer's input checks; any other layer (an ``Int8Linear``) through its own
+    ``__call__`` (``out`` unused)."""
+    if type(layer) is not Linear:
+        return layer(x)
+    y = np.matmul(x, layer.weight, out=out)
+    if layer.bias is not None:
+        y += layer.bias
     return y
 
 
@@ -275,6 +288,10 @@ def tiled_causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, block
     k3, v3 = k.reshape(-1, S, d), v.reshape(-1, S, d_v)
     N = q3.shape[0]
     out = np.empty((N, T, d_v), dtype=dtype)
+    # one scores tile and one tile product, written in place by every tile: big arrays made
+    # fresh in a loop cost their memory's page faults each time
+    tile = np.empty((N, min(block_q, T), min(block_k, S)), dtype=dtype)
+    weighted = np.empty((N, min(block_q, T), d_v), dtype=dtype)
     offset = S - T  # query i sits at position offset + i
     visited = 0
     for q0 in range(0, T, block_q):
@@ -284,13 +301,15 @@ def tiled_causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, block
         l = np.zeros((N, q1 - q0, 1), dtype=dtype)  # running sum of exp(score - m)
         acc = np.zeros((N, q1 - q0, d_v), dtype=dtype)  # running sum of exp(score - m) · v
         last_key = offset + q1 - 1  # the last key the block's last query may see
+        first_future = offset + q0 + 1  # the first key in the future of the block's first query
         for k0 in range(0, last_key + 1, block_k):  # tiles past last_key are above the diagonal
-            k1 = min(k0 + block_k, S)
+            k1 = min(k0 + block_k, last_key + 1)  # keys past last_key are in every query's future
             visited += 1
-            s = qt @ k3[:, k0:k1].swapaxes(-1, -2)  # (N, bq, bk) this tile's scores
-            if k1 - 1 > offset + q0:  # the tile crosses the diagonal: some keys are in the future
-                future = np.arange(k0, k1)[None, :] > (offset + np.arange(q0, q1))[:, None]
-                s[:, future] = -np.inf
+            s = np.matmul(qt, k3[:, k0:k1].swapaxes(-1, -2), out=tile[:, : q1 - q0, : k1 - k0])  # (N, bq, bk) scores
+            if k1 > first_future:  # the tile crosses the diagonal: mask the columns it crosses
+                c0 = max(k0, first_future)
+                future = np.arange(c0, k1)[None, :] > (offset + np.arange(q0, q1))[:, None]  # (bq, k1 - c0)
+                np.copyto(s[..., c0 - k0 :], -np.inf, where=future)
             m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
             s -= m_new
             np.exp(s, out=s)  # p = exp(score - m_new), 0 on future keys
@@ -298,7 +317,7 @@ def tiled_causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, block
             l *= rescale
             l += s.sum(axis=-1, keepdims=True)
             acc *= rescale
-            acc += s @ v3[:, k0:k1]
+            acc += np.matmul(s, v3[:, k0:k1], out=weighted[:, : q1 - q0])
             m = m_new
         np.divide(acc, l, out=out[:, q0:q1])
     out = out.reshape(*lead, T, d_v)
@@ -343,15 +362,18 @@ def fast_gelu(x: np.ndarray) -> np.ndarray:
     ### END SOLUTION
 
 
-def fast_forward(model: GPTModel, token_ids: np.ndarray, *, block_q: int = 128, block_k: int = 256) -> np.ndarray:
+def fast_forward(model: GPTModel, token_ids: np.ndarray, *, block_q: int = 128, block_k: int = 1024) -> np.ndarray:
     """``model(token_ids)`` computed fast: the same logits as lab 04's forward pass.
 
     Everything runs on 2-D (B·T, D) arrays, so each weight matrix is read once per call
-    (one BLAS product per Linear, through the layer's own ``__call__``, so an int8 layer
-    works too); attention is ``tiled_causal_attention`` on contiguous (B, H, T, d_head)
+    (one BLAS product per Linear, ``_linear``: an int8 layer goes through its own
+    ``__call__``); attention is ``tiled_causal_attention`` on contiguous (B, H, T, d_head)
     heads; the residual stream is updated in place (``x += …``); the MLP's GELU is
     ``fast_gelu`` in place on ``c_fc``'s output; LayerNorms and the tied head are done in
-    place and as one product. No dropout (eval only).
+    place and as one product. The per-block arrays (the normalised input, q/k/v, the heads,
+    the products' outputs) are made once per call and written in place by every block:
+    a fresh (B·T, 3D) array per block costs its page faults twelve times. No dropout (eval
+    only).
 
     Args:
         model: a GPTModel (lab 04), or one changed by ``quantize_model``.
@@ -367,18 +389,23 @@ def fast_forward(model: GPTModel, token_ids: np.ndarray, *, block_q: int = 128, 
     if not 1 <= T <= model.max_seq_len:
         raise ValueError(f"token_ids needs 1 … max_seq_len={model.max_seq_len} tokens per row, got {T}")
     ### BEGIN SOLUTION 2-D residual stream; per block: layer norm, c_attn, contiguous heads, tiled attention, c_proj added in place, MLP with fast_gelu added in place; ln_f, one head product
-    D = model.d_model
+    D, N = model.d_model, B * T
     H = model.h[0].attn.num_heads
     dh = D // H
-    x = (model.wte(token_ids) + model.wpe(T)).reshape(B * T, D)  # (B·T, D) the residual stream
+    x = (model.wte(token_ids) + model.wpe(T)).reshape(N, D)  # (B·T, D) the residual stream
+    normed, added = np.empty((N, D), np.float32), np.empty((N, D), np.float32)  # every block writes these in place
+    qkv, hidden = np.empty((N, 3 * D), np.float32), np.empty((N, model.h[0].mlp.c_fc.d_out), np.float32)
+    heads, merged = np.empty((3, B, H, T, dh), np.float32), np.empty((B, T, H, dh), np.float32)
     for block in model.h:
         attn = block.attn
-        qkv = attn.c_attn(_layer_norm(x, block.ln_1))  # (B·T, 3D)
-        heads = np.ascontiguousarray(qkv.reshape(B, T, 3, H, dh).transpose(2, 0, 3, 1, 4))  # (3, B, H, T, dh)
+        y = _linear(attn.c_attn, _layer_norm(x, block.ln_1, normed), qkv)  # (B·T, 3D)
+        np.copyto(heads, y.reshape(B, T, 3, H, dh).transpose(2, 0, 3, 1, 4))  # (3, B, H, T, dh) contiguous
         out = tiled_causal_attention(heads[0], heads[1], heads[2], block_q=block_q, block_k=block_k)
-        x += attn.c_proj(out.transpose(0, 2, 1, 3).reshape(B * T, D))  # heads side by side again
-        x += block.mlp.c_proj(fast_gelu(block.mlp.c_fc(_layer_norm(x, block.ln_2))))
-    return _head(model, _layer_norm(x, model.ln_f)).reshape(B, T, -1)
+        np.copyto(merged, out.transpose(0, 2, 1, 3))  # heads side by side again
+        x += _linear(attn.c_proj, merged.reshape(N, D), added)
+        y = fast_gelu(_linear(block.mlp.c_fc, _layer_norm(x, block.ln_2, normed), hidden))
+        x += _linear(block.mlp.c_proj, y, added)
+    return _head(model, _layer_norm(x, model.ln_f, normed)).reshape(B, T, -1)
     ### END SOLUTION
 
 
@@ -451,7 +478,7 @@ def attend_rows(attn, h: np.ndarray, cache: SlotCache, layer: int, slots: np.nda
     ### BEGIN SOLUTION c_attn into q, k, v heads; write k, v at each row's own positions in its slot; scores over keys 0 … max end, -inf past each row's own position; softmax; @ v; merge heads; c_proj
     B = len(slots)
     H, dh, D = attn.num_heads, attn.d_head, attn.d_model
-    qkv = attn.c_attn(h).reshape(B, T, 3, H, dh).transpose(2, 0, 3, 1, 4)  # (3, B, H, T, dh)
+    qkv = _linear(attn.c_attn, h).reshape(B, T, 3, H, dh).transpose(2, 0, 3, 1, 4)  # (3, B, H, T, dh)
     keys, values = cache.keys[layer], cache.values[layer]
     for b in range(B):
         s, p = slots[b], starts[b]
@@ -467,7 +494,7 @@ def attend_rows(attn, h: np.ndarray, cache: SlotCache, layer: int, slots: np.nda
     np.exp(scores, out=scores)
     scores /= scores.sum(axis=-1, keepdims=True)
     out = scores @ Vv  # (B, H, T, dh)
-    return attn.c_proj(out.transpose(0, 2, 1, 3).reshape(B * T, D))
+    return _linear(attn.c_proj, out.transpose(0, 2, 1, 3).reshape(B * T, D))
     ### END SOLUTION
 
 
@@ -513,7 +540,7 @@ def forward_slots(model: GPTModel, token_ids: np.ndarray, cache: SlotCache, slot
     x = embed_rows(model, token_ids, starts)  # (B·T, D)
     for i, block in enumerate(model.h):
         x += attend_rows(block.attn, _layer_norm(x, block.ln_1), cache, i, slots, starts, T)
-        x += block.mlp.c_proj(fast_gelu(block.mlp.c_fc(_layer_norm(x, block.ln_2))))
+        x += _linear(block.mlp.c_proj, fast_gelu(_linear(block.mlp.c_fc, _layer_norm(x, block.ln_2))))
     cache.lengths[slots] = starts + T
     return _head(model, _layer_norm(x, model.ln_f)).reshape(B, T, -1)
     ### END SOLUTION

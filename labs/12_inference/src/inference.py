@@ -89,15 +89,28 @@ def _check_block(block, name: str) -> int:
 
 # -- small pieces the fast paths share (given) ---------------------------------------------------
 
-def _layer_norm(x: np.ndarray, ln: LayerNorm) -> np.ndarray:
-    """``ln(x)`` for x (N, D), in one new array changed in place (the plain LayerNorm of lab 03
-    makes a fresh array for each of its five operations)."""
+def _layer_norm(x: np.ndarray, ln: LayerNorm, out: np.ndarray | None = None) -> np.ndarray:
+    """``ln(x)`` for x (N, D), in one array changed in place: a new one, or ``out`` (N, D) when
+    given (the plain LayerNorm of lab 03 makes a fresh array for each of its five operations)."""
     scale = 1.0 / x.shape[-1]
-    y = x - x.sum(axis=-1, keepdims=True) * scale  # the one new array (a sum: ndarray.mean costs more calls)
+    y = np.subtract(x, x.sum(axis=-1, keepdims=True) * scale, out=out)  # (a sum: ndarray.mean costs more calls)
     var = np.einsum("nd,nd->n", y, y)[:, None]  # (N, 1) sums of squares, without a y*y array
     y *= (var * scale + ln.eps) ** -0.5
     y *= ln.weight
     y += ln.bias
+    return y
+
+
+def _linear(layer, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``layer(x)`` for x (N, d_in): a lab-03 ``Linear`` as one product into a new array or
+    into ``out`` (N, d_out), its bias added in place (``x @ W + b`` makes a second array),
+    without the layer's input checks; any other layer (an ``Int8Linear``) through its own
+    ``__call__`` (``out`` unused)."""
+    if type(layer) is not Linear:
+        return layer(x)
+    y = np.matmul(x, layer.weight, out=out)
+    if layer.bias is not None:
+        y += layer.bias
     return y
 
 
@@ -242,15 +255,18 @@ def fast_gelu(x: np.ndarray) -> np.ndarray:
     raise NotImplementedError('Lab 12 · fast_gelu: z = −2u in a scratch array, cap at 88, exp, 1 + …, then x / (1 + exp(−2u)) into x')
 
 
-def fast_forward(model: GPTModel, token_ids: np.ndarray, *, block_q: int = 128, block_k: int = 256) -> np.ndarray:
+def fast_forward(model: GPTModel, token_ids: np.ndarray, *, block_q: int = 128, block_k: int = 1024) -> np.ndarray:
     """``model(token_ids)`` computed fast: the same logits as lab 04's forward pass.
 
     Everything runs on 2-D (B·T, D) arrays, so each weight matrix is read once per call
-    (one BLAS product per Linear, through the layer's own ``__call__``, so an int8 layer
-    works too); attention is ``tiled_causal_attention`` on contiguous (B, H, T, d_head)
+    (one BLAS product per Linear, ``_linear``: an int8 layer goes through its own
+    ``__call__``); attention is ``tiled_causal_attention`` on contiguous (B, H, T, d_head)
     heads; the residual stream is updated in place (``x += …``); the MLP's GELU is
     ``fast_gelu`` in place on ``c_fc``'s output; LayerNorms and the tied head are done in
-    place and as one product. No dropout (eval only).
+    place and as one product. The per-block arrays (the normalised input, q/k/v, the heads,
+    the products' outputs) are made once per call and written in place by every block:
+    a fresh (B·T, 3D) array per block costs its page faults twelve times. No dropout (eval
+    only).
 
     Args:
         model: a GPTModel (lab 04), or one changed by ``quantize_model``.
