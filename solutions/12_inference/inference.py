@@ -487,9 +487,10 @@ def attend_rows(attn, h: np.ndarray, cache: SlotCache, layer: int, slots: np.nda
     S = int(starts.max()) + T
     K, Vv = _slot_rows(keys, slots, S), _slot_rows(values, slots, S)  # (B, H, S, dh)
     scores = (qkv[0] * (1.0 / math.sqrt(dh))) @ K.swapaxes(-1, -2)  # (B, H, T, S)
-    future = np.arange(S)[None, None, :] > (starts[:, None, None] + np.arange(T)[None, :, None])  # (B, T, S)
-    if future.any():
-        np.copyto(scores, -np.inf, where=future[:, None])
+    if B > 1 or T > 1:  # (one new token of one row sees every key: nothing to mask)
+        future = np.arange(S)[None, None, :] > (starts[:, None, None] + np.arange(T)[None, :, None])  # (B, T, S)
+        if future.any():
+            np.copyto(scores, -np.inf, where=future[:, None])
     scores -= scores.max(axis=-1, keepdims=True)
     np.exp(scores, out=scores)
     scores /= scores.sum(axis=-1, keepdims=True)
@@ -693,16 +694,20 @@ def prompt_lookup_draft(context_ids: np.ndarray, k: int, *, ngram: int = 3) -> n
     if context.dtype.kind not in "iu":
         raise TypeError(f"context_ids must be integer token ids, got dtype {context.dtype}")
     k, ngram = check_length(k, "k"), check_length(ngram, "ngram")
-    ### BEGIN SOLUTION longest n first: the latest earlier start j whose n tokens equal the last n; propose what followed
+    ### BEGIN SOLUTION the earlier positions holding the last token, kept while the n-gram ending there grows to the longest that occurs; propose what follows the latest
     C = len(context)
-    for n in range(min(ngram, C - 1), 0, -1):
-        tail = context[C - n :]
-        windows = np.lib.stride_tricks.sliding_window_view(context[: C - 1], n)  # starts 0 … C-1-n
-        hits = np.flatnonzero((windows == tail).all(axis=1))
-        if hits.size:
-            j = hits[-1]
-            return context[j + n : j + n + k].astype(np.int64)
-    return np.zeros(0, dtype=np.int64)
+    ends = np.flatnonzero(context[: C - 1] == context[C - 1])  # where an earlier copy of the last 1 token ends
+    found = None
+    for n in range(1, min(ngram, C - 1) + 1):  # grow n while the last n tokens still occur earlier
+        if n > 1:
+            ends = ends[ends >= n - 1]
+            ends = ends[context[ends - (n - 1)] == context[C - n]]  # their n-th last token matches too
+        if not ends.size:
+            break
+        found = ends[-1]  # the latest earlier occurrence of the last n tokens ends here
+    if found is None:
+        return np.zeros(0, dtype=np.int64)
+    return context[found + 1 : found + 1 + k].astype(np.int64)
     ### END SOLUTION
 
 

@@ -504,7 +504,7 @@ def prompt_lookup_draft(context_ids: np.ndarray, k: int, *, ngram: int = 3) -> n
         raise TypeError(f"context_ids must be integer token ids, got dtype {context.dtype}")
     k, ngram = check_length(k, "k"), check_length(ngram, "ngram")
     # YOUR CODE HERE
-    raise NotImplementedError('Lab 12 · prompt_lookup_draft: longest n first: the latest earlier start j whose n tokens equal the last n; propose what followed')
+    raise NotImplementedError('Lab 12 · prompt_lookup_draft: the earlier positions holding the last token, kept while the n-gram ending there grows to the longest that occurs; propose what follows the latest')
 
 
 def _probabilities(logits: np.ndarray, temperature: float) -> np.ndarray:
