@@ -166,6 +166,7 @@ def _in_float64(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         _state.active = True
         p = _Promotion()
+        given = [v for v in (*args, *kwargs.values()) if isinstance(v, np.ndarray) and v.dtype == np.float32]
         try:
             args = [p.value(a) for a in args]
             kwargs = {k: p.value(v) for k, v in kwargs.items()}
@@ -173,6 +174,10 @@ def _in_float64(fn: Callable) -> Callable:
             return _demote(out) if p.promoted else out
         finally:
             p.restore()
+            for original in given:  # an argument the call wrote into (an out=): the writes go back
+                back = p.copies[id(original)].astype(np.float32)
+                if original.flags.writeable and not np.array_equal(back, original, equal_nan=True):
+                    original[...] = back
             _state.active = False
     return call
 
@@ -564,15 +569,24 @@ MARK = "<!-- grader tolerances writes below this line -->"
 def merge_reports(old: dict, new: dict) -> dict:
     """``new`` (a run on some labs) in place of those labs' part of ``old``: their
     comparisons and bug runs are replaced, every other lab's kept as measured. The panel
-    lists the runs of both, each with its date, so a lab's rows say which run made them."""
+    lists the runs of both, each with its date, so a lab's rows say which run made them; a
+    run of a variant that a later run of it repeats on all of its labs made none of the
+    rows left, and is dropped (else each partial run would add its lines again)."""
     labs = {r["lab"] for r in new["comparisons"].values()} | set(new.get("catalogued", {}))
     date = new["machine"]["date"]
     rows = {k: r for k, r in old["comparisons"].items() if r["lab"] not in labs}
     rows.update(new["comparisons"])
     panel = [p if "date" in p else {**p, "date": old["machine"]["date"]} for p in old["panel"]]
+    panel += [{**p, "date": date} for p in new["panel"]]
+
+    def covers(later: dict, earlier: dict) -> bool:
+        wide, narrow = later.get("labs", "all"), earlier.get("labs", "all")
+        return later["id"] == earlier["id"] and (wide == "all" or narrow != "all" and set(narrow) <= set(wide))
+
+    panel = [p for i, p in enumerate(panel) if not any(covers(q, p) for q in panel[i + 1 :])]
     return {**new, "labs": "all" if old.get("labs") == "all" else sorted(set(old.get("labs") or []) | labs),
             "live": old.get("live", False) and new.get("live", False),
-            "panel": panel + [{**p, "date": date} for p in new["panel"]],
+            "panel": panel,
             "bugs": [b for b in old["bugs"] if b["id"].split("/", 1)[0] not in labs] + new["bugs"],
             "catalogued": {**{k: v for k, v in old.get("catalogued", {}).items() if k not in labs},
                            **new.get("catalogued", {})},

@@ -223,6 +223,22 @@ def test_fast_forward_is_float32_and_checks_its_input():
         I.fast_forward(model, np.zeros((1, L + 1), dtype=np.int64))
 
 
+def test_fast_forward_writes_its_logits_into_out():
+    f = load_fixture(LAB, "model")
+    model = _model()
+    B, T = f["ids"].shape
+    out = np.full((B, T, V), np.nan, dtype=np.float32)
+    with arguments_written_back(), explains_errors(
+            f"fast_forward(model, ids ({B}, {T}), block_q=8, block_k=8, out=a ({B}, {T}, {V}) array)",
+            "the logits go into out, which is returned"):
+        got = I.fast_forward(model, f["ids"], block_q=8, block_k=8, out=out)
+    assert_close(out, f["logits"], what="the logits fast_forward wrote into out (lab 04's model(ids) is the reference)",
+                 atol=1e-4, hint="with out given, write the logits into it (np.matmul(..., out=...)) and return it")
+    assert_close(got, out, what="what fast_forward(..., out=out) returns: out itself, holding the logits", atol=0)
+    with raises_clearly(ValueError, when="fast_forward with an out of the wrong shape", mentions="out"):
+        I.fast_forward(model, f["ids"], out=np.zeros((B, T, V - 1), dtype=np.float32))
+
+
 # --- batched decoding -----------------------------------------------------------------------------------
 
 def test_forward_slots_runs_rows_at_their_own_positions():

@@ -123,3 +123,22 @@ def test_the_recorder_measures_against_the_bound():
     assert got["max_abs"] == pytest.approx(0.1) and got["ratio"] == pytest.approx(0.1 / (0.1 + 0.05 * 2.0))
     assert measure(np.array([0.0]), np.array([-np.inf]), atol=1, rtol=0)["ratio"] == float("inf")
     assert measure(np.array([3]), np.array([3]), atol=0, rtol=0)["ratio"] == 0
+
+
+def test_a_partial_run_replaces_its_own_earlier_runs_in_the_panel():
+    """Re-certifying one lab replaces that lab's earlier runs of the same variants in the
+    panel (they made none of the rows left) and keeps the runs that still made some."""
+    def report(date, panel, labs):
+        return {"machine": {"date": date}, "labs": labs, "live": False, "panel": panel, "bugs": [],
+                "catalogued": {}, "comparisons": {f"{lab}::t": {"lab": lab} for lab in labs}}
+
+    old = report("day 1", [{"id": "reference", "labs": "all"}, {"id": "reference", "labs": ["11", "12"]},
+                           {"id": "reference", "labs": ["12"]}, {"id": "threads-2", "labs": ["12"]}],
+                 ["11_assistant", "12_inference"])
+    new = report("day 2", [{"id": "reference", "labs": ["12"]}], ["12_inference"])
+    merged = tolerances.merge_reports(old, new)
+    assert [(p["id"], p["labs"], p["date"]) for p in merged["panel"]] == [
+        ("reference", "all", "day 1"), ("reference", ["11", "12"], "day 1"), ("threads-2", ["12"], "day 1"),
+        ("reference", ["12"], "day 2")], merged["panel"]
+    again = tolerances.merge_reports(merged, new)
+    assert again["panel"] == merged["panel"], "a second identical partial run must not add its lines again"

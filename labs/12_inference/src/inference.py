@@ -114,12 +114,13 @@ def _linear(layer, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return y
 
 
-def _head(model: GPTModel, x: np.ndarray) -> np.ndarray:
-    """The tied output head on x (N, D) → logits (N, V): one 2-D product, the (V, D) table read
-    once for all N rows (an ``Int8Embedding`` does it tile by tile)."""
+def _head(model: GPTModel, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """The tied output head on x (N, D) → logits (N, V), into a new array or into ``out``
+    (N, V): one 2-D product, the (V, D) table read once for all N rows (an
+    ``Int8Embedding`` does it tile by tile)."""
     if isinstance(model.wte, Int8Embedding):
-        return model.wte.head(x)
-    return x @ model.wte.weight.T
+        return model.wte.head(x, out)
+    return np.matmul(x, model.wte.weight.T, out=out)
 
 
 # -- measure first -------------------------------------------------------------------------------
@@ -255,7 +256,8 @@ def fast_gelu(x: np.ndarray) -> np.ndarray:
     raise NotImplementedError('Lab 12 · fast_gelu: z = −2u in a scratch array, cap at 88, exp, 1 + …, then x / (1 + exp(−2u)) into x')
 
 
-def fast_forward(model: GPTModel, token_ids: np.ndarray, *, block_q: int = 128, block_k: int = 1024) -> np.ndarray:
+def fast_forward(model: GPTModel, token_ids: np.ndarray, *, block_q: int = 128, block_k: int = 1024,
+                 out: np.ndarray | None = None) -> np.ndarray:
     """``model(token_ids)`` computed fast: the same logits as lab 04's forward pass.
 
     Everything runs on 2-D (B·T, D) arrays, so each weight matrix is read once per call
@@ -265,22 +267,30 @@ def fast_forward(model: GPTModel, token_ids: np.ndarray, *, block_q: int = 128, 
     ``fast_gelu`` in place on ``c_fc``'s output; LayerNorms and the tied head are done in
     place and as one product. The per-block arrays (the normalised input, q/k/v, the heads,
     the products' outputs) are made once per call and written in place by every block:
-    a fresh (B·T, 3D) array per block costs its page faults twelve times. No dropout (eval
-    only).
+    a fresh (B·T, 3D) array per block costs its page faults twelve times. The logits, the
+    largest array of all, go into ``out`` when the caller keeps one for them (as a server
+    does from call to call). No dropout (eval only).
 
     Args:
         model: a GPTModel (lab 04), or one changed by ``quantize_model``.
         token_ids: (B, T) int, 1 ≤ T ≤ max_seq_len.
         block_q, block_k: the attention tiles.
+        out: None, or a writeable C-contiguous float32 (B, T, V) array for the logits.
 
     Returns:
-        float32 (B, T, V) logits.
+        float32 (B, T, V) logits: a new array, or ``out`` itself, filled.
     """
     _check_model(model)
     token_ids = _check_ids(token_ids, model.vocab_size, "token_ids", 2, "(B, T)")
     B, T = token_ids.shape
     if not 1 <= T <= model.max_seq_len:
         raise ValueError(f"token_ids needs 1 … max_seq_len={model.max_seq_len} tokens per row, got {T}")
+    if out is not None and not (isinstance(out, np.ndarray) and out.dtype.kind == "f"
+                                and out.shape == (B, T, model.vocab_size) and out.flags.c_contiguous
+                                and out.flags.writeable):
+        raise ValueError(f"out must be a writeable C-contiguous float (float32) array of shape (B, T, V) = "
+                         f"{(B, T, model.vocab_size)}, got "
+                         f"{type(out).__name__ if not isinstance(out, np.ndarray) else f'{out.dtype} {out.shape}'}")
     # YOUR CODE HERE
     raise NotImplementedError('Lab 12 · fast_forward: 2-D residual stream; per block: layer norm, c_attn, contiguous heads, tiled attention, c_proj added in place, MLP with fast_gelu added in place; ln_f, one head product')
 
@@ -772,13 +782,14 @@ class Int8Embedding(Layer):
         scale = np.repeat(self.scales[ids], self.block, axis=-1)[..., : self.d_model]
         return rows * scale
 
-    def head(self, x: np.ndarray) -> np.ndarray:
-        """x (N, D) → logits (N, V), one tile of tokens at a time."""
+    def head(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """x (N, D) → logits (N, V), one tile of tokens at a time, into a new array or into
+        ``out`` (N, V) float32."""
         x = as_float_array(x, "x")
         check_ndim(x, "x", ndim=2, shape_hint="(N, D)")
         check_last_dim(x, "x", self.d_model)
         V, D, bl = self.vocab_size, self.d_model, self.block
-        out = np.empty((x.shape[0], V), dtype=np.float32)
+        out = np.empty((x.shape[0], V), dtype=np.float32) if out is None else out
         rows = max(1, TILE_ELEMENTS // D)
         for v0 in range(0, V, rows):
             v1 = min(v0 + rows, V)

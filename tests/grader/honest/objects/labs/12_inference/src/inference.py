@@ -216,11 +216,11 @@ def _check_block(block, name: str) -> int:
 
 # -- small pieces the fast paths share (given) ---------------------------------------------------
 
-def _layer_norm(x: np.ndarray, ln: LayerNorm) -> np.ndarray:
-    """``ln(x)`` for x (N, D), in one new array changed in place (the plain LayerNorm of lab 03
-    makes a fresh array for each of its five operations)."""
+def _layer_norm(x: np.ndarray, ln: LayerNorm, out: np.ndarray | None = None) -> np.ndarray:
+    """``ln(x)`` for x (N, D), in one array changed in place: a new one, or ``out`` (N, D) when
+    given (the plain LayerNorm of lab 03 makes a fresh array for each of its five operations)."""
     scale = 1.0 / x.shape[-1]
-    y = x - x.sum(axis=-1, keepdims=True) * scale  # the one new array (a sum: ndarray.mean costs more calls)
+    y = np.subtract(x, x.sum(axis=-1, keepdims=True) * scale, out=out)  # (a sum: ndarray.mean costs more calls)
     var = np.einsum("nd,nd->n", y, y)[:, None]  # (N, 1) sums of squares, without a y*y array
     y *= (var * scale + ln.eps) ** -0.5
     y *= ln.weight
@@ -228,12 +228,26 @@ def _layer_norm(x: np.ndarray, ln: LayerNorm) -> np.ndarray:
     return y
 
 
-def _head(model: GPTModel, x: np.ndarray) -> np.ndarray:
-    """The tied output head on x (N, D) → logits (N, V): one 2-D product, the (V, D) table read
-    once for all N rows (an ``Int8Embedding`` does it tile by tile)."""
+def _linear(layer, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``layer(x)`` for x (N, d_in): a lab-03 ``Linear`` as one product into a new array or
+    into ``out`` (N, d_out), its bias added in place (``x @ W + b`` makes a second array),
+    without the layer's input checks; any other layer (an ``Int8Linear``) through its own
+    ``__call__`` (``out`` unused)."""
+    if type(layer) is not Linear:
+        return layer(x)
+    y = np.matmul(x, layer.weight, out=out)
+    if layer.bias is not None:
+        y += layer.bias
+    return y
+
+
+def _head(model: GPTModel, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """The tied output head on x (N, D) → logits (N, V), into a new array or into ``out``
+    (N, V): one 2-D product, the (V, D) table read once for all N rows (an
+    ``Int8Embedding`` does it tile by tile)."""
     if isinstance(model.wte, Int8Embedding):
-        return model.wte.head(x)
-    return x @ model.wte.weight.T
+        return model.wte.head(x, out)
+    return np.matmul(x, model.wte.weight.T, out=out)
 
 
 # -- measure first -------------------------------------------------------------------------------
@@ -442,29 +456,41 @@ def fast_gelu(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def fast_forward(model: GPTModel, token_ids: np.ndarray, *, block_q: int = 128, block_k: int = 256) -> np.ndarray:
+def fast_forward(model: GPTModel, token_ids: np.ndarray, *, block_q: int = 128, block_k: int = 1024,
+                 out: np.ndarray | None = None) -> np.ndarray:
     """``model(token_ids)`` computed fast: the same logits as lab 04's forward pass.
 
     Everything runs on 2-D (B·T, D) arrays, so each weight matrix is read once per call
-    (one BLAS product per Linear, through the layer's own ``__call__``, so an int8 layer
-    works too); attention is ``tiled_causal_attention`` on contiguous (B, H, T, d_head)
+    (one BLAS product per Linear, ``_linear``: an int8 layer goes through its own
+    ``__call__``); attention is ``tiled_causal_attention`` on contiguous (B, H, T, d_head)
     heads; the residual stream is updated in place (``x += …``); the MLP's GELU is
     ``fast_gelu`` in place on ``c_fc``'s output; LayerNorms and the tied head are done in
-    place and as one product. No dropout (eval only).
+    place and as one product. The per-block arrays (the normalised input, q/k/v, the heads,
+    the products' outputs) are made once per call and written in place by every block:
+    a fresh (B·T, 3D) array per block costs its page faults twelve times. The logits, the
+    largest array of all, go into ``out`` when the caller keeps one for them (as a server
+    does from call to call). No dropout (eval only).
 
     Args:
         model: a GPTModel (lab 04), or one changed by ``quantize_model``.
         token_ids: (B, T) int, 1 ≤ T ≤ max_seq_len.
         block_q, block_k: the attention tiles.
+        out: None, or a writeable C-contiguous float32 (B, T, V) array for the logits.
 
     Returns:
-        float32 (B, T, V) logits.
+        float32 (B, T, V) logits: a new array, or ``out`` itself, filled.
     """
     _check_model(model)
     token_ids = _check_ids(token_ids, model.vocab_size, "token_ids", 2, "(B, T)")
     B, T = token_ids.shape
     if not 1 <= T <= model.max_seq_len:
         raise ValueError(f"token_ids needs 1 … max_seq_len={model.max_seq_len} tokens per row, got {T}")
+    if out is not None and not (isinstance(out, np.ndarray) and out.dtype.kind == "f"
+                                and out.shape == (B, T, model.vocab_size) and out.flags.c_contiguous
+                                and out.flags.writeable):
+        raise ValueError(f"out must be a writeable C-contiguous float (float32) array of shape (B, T, V) = "
+                         f"{(B, T, model.vocab_size)}, got "
+                         f"{type(out).__name__ if not isinstance(out, np.ndarray) else f'{out.dtype} {out.shape}'}")
     D = model.d_model
     x = model.wte(token_ids) + model.wpe(T)
     x = x.reshape(B * T, D)
@@ -477,6 +503,9 @@ def fast_forward(model: GPTModel, token_ids: np.ndarray, *, block_q: int = 128, 
         x += attn.c_proj(merged.reshape(B * T, D))
         x += mlp.c_proj(fast_gelu(mlp.c_fc(_layer_norm(x, block.ln_2))))
     logits = _head(model, _layer_norm(x, model.ln_f))
+    if out is not None:
+        np.copyto(out, logits.reshape(out.shape))
+        return out
     return logits.reshape(B, T, logits.shape[-1])
 
 
@@ -1126,13 +1155,14 @@ class Int8Embedding(Layer):
         scale = np.repeat(self.scales[ids], self.block, axis=-1)[..., : self.d_model]
         return rows * scale
 
-    def head(self, x: np.ndarray) -> np.ndarray:
-        """x (N, D) → logits (N, V), one tile of tokens at a time."""
+    def head(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """x (N, D) → logits (N, V), one tile of tokens at a time, into a new array or into
+        ``out`` (N, V) float32."""
         x = as_float_array(x, "x")
         check_ndim(x, "x", ndim=2, shape_hint="(N, D)")
         check_last_dim(x, "x", self.d_model)
         V, D, bl = self.vocab_size, self.d_model, self.block
-        out = np.empty((x.shape[0], V), dtype=np.float32)
+        out = np.empty((x.shape[0], V), dtype=np.float32) if out is None else out
         rows = max(1, TILE_ELEMENTS // D)
         for v0 in range(0, V, rows):
             v1 = min(v0 + rows, V)
