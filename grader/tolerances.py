@@ -86,15 +86,15 @@ class _Promotion:
         self.swaps: list[tuple[object, object, np.ndarray, np.ndarray]] = []  # (holder, key, original, copy)
         self.objects: list[object] = []
         self.seen: set[int] = set()
-        self.copies: dict[int, np.ndarray] = {}  # one copy per array, however many hold it
+        self.copies: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # (original, copy): one per array, however many hold it
         self.promoted = False
 
     def value(self, v):
         if isinstance(v, np.ndarray) and v.dtype == np.float32:
             self.promoted = True
             if id(v) not in self.copies:
-                self.copies[id(v)] = v.astype(np.float64)
-            return self.copies[id(v)]
+                self.copies[id(v)] = (v, v.astype(np.float64))
+            return self.copies[id(v)][1]
         if _is_lab_object(v):
             self.holder(v)
         elif isinstance(v, (list, dict)):
@@ -126,17 +126,15 @@ class _Promotion:
     def restore(self) -> None:
         for holder, key, old, new in reversed(self.swaps):
             now = holder[key] if isinstance(holder, (list, dict)) else getattr(holder, key)
-            if now is new:  # put the original back, with what the call wrote into the copy
-                back = new.astype(np.float32)
-                if back.shape == old.shape and not np.array_equal(back, old, equal_nan=True) and old.flags.writeable:
-                    old[...] = back
-                now = old
-            else:
-                now = _demote(now)
+            now = old if now is new else _demote(now)  # the original back, or what the call put there
             if isinstance(holder, (list, dict)):
                 holder[key] = now
             else:
                 setattr(holder, key, now)
+        for original, copy in self.copies.values():  # what the call wrote into a copy (an attribute, an out=)
+            back = copy.astype(np.float32)
+            if original.flags.writeable and not np.array_equal(back, original, equal_nan=True):
+                original[...] = back
         for obj in self.objects if self.promoted else ():  # float64 arrays left in new attributes (caches, grads)
             for name, v in list(vars(obj).items()):
                 if isinstance(v, np.ndarray) and v.dtype == np.float64:
@@ -166,7 +164,6 @@ def _in_float64(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         _state.active = True
         p = _Promotion()
-        given = [v for v in (*args, *kwargs.values()) if isinstance(v, np.ndarray) and v.dtype == np.float32]
         try:
             args = [p.value(a) for a in args]
             kwargs = {k: p.value(v) for k, v in kwargs.items()}
@@ -174,10 +171,6 @@ def _in_float64(fn: Callable) -> Callable:
             return _demote(out) if p.promoted else out
         finally:
             p.restore()
-            for original in given:  # an argument the call wrote into (an out=): the writes go back
-                back = p.copies[id(original)].astype(np.float32)
-                if original.flags.writeable and not np.array_equal(back, original, equal_nan=True):
-                    original[...] = back
             _state.active = False
     return call
 

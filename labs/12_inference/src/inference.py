@@ -87,6 +87,17 @@ def _check_block(block, name: str) -> int:
     return check_length(block, name)
 
 
+def _check_out(out, shape: tuple, shape_hint: str) -> None:
+    """None, or an array the result can be written into: float (float32), ``shape``, C-contiguous, writeable."""
+    if out is None:
+        return
+    if not isinstance(out, np.ndarray):
+        raise ValueError(f"out must be a float32 array of shape {shape_hint} = {shape}, got {type(out).__name__}")
+    if out.dtype.kind != "f" or out.shape != shape or not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"out must be a writeable C-contiguous float32 array of shape {shape_hint} = {shape}, "
+                         f"got {out.dtype} {out.shape}")
+
+
 # -- small pieces the fast paths share (given) ---------------------------------------------------
 
 def _layer_norm(x: np.ndarray, ln: LayerNorm, out: np.ndarray | None = None) -> np.ndarray:
@@ -285,14 +296,9 @@ def fast_forward(model: GPTModel, token_ids: np.ndarray, *, block_q: int = 128, 
     B, T = token_ids.shape
     if not 1 <= T <= model.max_seq_len:
         raise ValueError(f"token_ids needs 1 … max_seq_len={model.max_seq_len} tokens per row, got {T}")
-    if out is not None and not (isinstance(out, np.ndarray) and out.dtype.kind == "f"
-                                and out.shape == (B, T, model.vocab_size) and out.flags.c_contiguous
-                                and out.flags.writeable):
-        raise ValueError(f"out must be a writeable C-contiguous float (float32) array of shape (B, T, V) = "
-                         f"{(B, T, model.vocab_size)}, got "
-                         f"{type(out).__name__ if not isinstance(out, np.ndarray) else f'{out.dtype} {out.shape}'}")
+    _check_out(out, (B, T, model.vocab_size), "(B, T, V)")
     # YOUR CODE HERE
-    raise NotImplementedError('Lab 12 · fast_forward: 2-D residual stream; per block: layer norm, c_attn, contiguous heads, tiled attention, c_proj added in place, MLP with fast_gelu added in place; ln_f, one head product')
+    raise NotImplementedError('Lab 12 · fast_forward: 2-D residual stream; per block: layer norm, c_attn, contiguous heads, tiled attention, c_proj added in place, MLP with fast_gelu added in place; ln_f, one head product (into out when given)')
 
 
 # -- batched decoding ------------------------------------------------------------------------------
@@ -514,7 +520,7 @@ def prompt_lookup_draft(context_ids: np.ndarray, k: int, *, ngram: int = 3) -> n
         raise TypeError(f"context_ids must be integer token ids, got dtype {context.dtype}")
     k, ngram = check_length(k, "k"), check_length(ngram, "ngram")
     # YOUR CODE HERE
-    raise NotImplementedError('Lab 12 · prompt_lookup_draft: the earlier positions holding the last token, kept while the n-gram ending there grows to the longest that occurs; propose what follows the latest')
+    raise NotImplementedError('Lab 12 · prompt_lookup_draft: the longest n (≤ ngram) whose last n tokens occur earlier, at their latest earlier occurrence; propose the tokens that followed it')
 
 
 def _probabilities(logits: np.ndarray, temperature: float) -> np.ndarray:

@@ -142,6 +142,17 @@ def _check_block(block, name: str) -> int:
     return check_length(block, name)
 
 
+def _check_out(out, shape: tuple, shape_hint: str) -> None:
+    """None, or an array the result can be written into: float (float32), ``shape``, C-contiguous, writeable."""
+    if out is None:
+        return
+    if not isinstance(out, np.ndarray):
+        raise ValueError(f"out must be a float32 array of shape {shape_hint} = {shape}, got {type(out).__name__}")
+    if out.dtype.kind != "f" or out.shape != shape or not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"out must be a writeable C-contiguous float32 array of shape {shape_hint} = {shape}, "
+                         f"got {out.dtype} {out.shape}")
+
+
 # -- small pieces the fast paths share (given) ---------------------------------------------------
 
 def _layer_norm(x: np.ndarray, ln: LayerNorm, out: np.ndarray | None = None) -> np.ndarray:
@@ -394,12 +405,7 @@ def fast_forward(model: GPTModel, token_ids: np.ndarray, *, block_q: int = 128, 
     B, T = token_ids.shape
     if not 1 <= T <= model.max_seq_len:
         raise ValueError(f"token_ids needs 1 … max_seq_len={model.max_seq_len} tokens per row, got {T}")
-    if out is not None and not (isinstance(out, np.ndarray) and out.dtype.kind == "f"
-                                and out.shape == (B, T, model.vocab_size) and out.flags.c_contiguous
-                                and out.flags.writeable):
-        raise ValueError(f"out must be a writeable C-contiguous float (float32) array of shape (B, T, V) = "
-                         f"{(B, T, model.vocab_size)}, got "
-                         f"{type(out).__name__ if not isinstance(out, np.ndarray) else f'{out.dtype} {out.shape}'}")
+    _check_out(out, (B, T, model.vocab_size), "(B, T, V)")
     x = (model.wte(token_ids) + model.wpe(T)).reshape(B * T, model.d_model)
     x = reduce(partial(_fast_block, B=B, T=T, block_q=block_q, block_k=block_k), model.h, x)
     logits = _head(model, _layer_norm(x, model.ln_f)).reshape(B, T, model.vocab_size)
