@@ -73,6 +73,52 @@ def pytest_report_header(config):
     return f"code under test: {config._kit_impl_root}"
 
 
+def _only_labs(markexpr: str) -> set[str] | None:
+    """The labs (``"01"``, …) whose test folders alone can hold tests that ``-m markexpr``
+    selects, or None when a test of another folder could match: the expression is False
+    for every test without one of these labs' markers, whatever its other markers. Only
+    those folders are collected (``-m lab01`` collects 31 tests, not all of them)."""
+    import itertools
+
+    from _pytest.mark.expression import Expression
+
+    names = set(re.findall(r"[A-Za-z_][\w.:+-]*", markexpr)) - {"and", "or", "not"}
+    labs = {n[3:] for n in names if re.fullmatch(r"lab\d\d", n)}
+    if not labs:
+        return None
+    try:
+        expr = Expression.compile(markexpr)
+    except Exception:  # malformed: pytest itself says so
+        return None
+    free = sorted(n for n in names if n[3:] not in labs or not n.startswith("lab"))
+    for values in itertools.product((False, True), repeat=len(free)):
+        truth = dict(zip(free, values))
+        if expr.evaluate(lambda name, **_: truth.get(name, False)):
+            return None  # a test of another lab's folder (or of the kit) could match
+    return labs
+
+
+def pytest_ignore_collect(collection_path, config):
+    if not hasattr(config, "_kit_only_labs"):
+        config._kit_only_labs = _only_labs(config.getoption("markexpr") or "")
+    labs = config._kit_only_labs
+    if labs is None or collection_path.is_file() and collection_path.name == "conftest.py":
+        return None
+    tests = Path(__file__).parent
+    try:
+        rel = collection_path.relative_to(tests).parts
+    except ValueError:
+        return None
+    if rel[:1] == ("hidden",):
+        rel = rel[1:]
+    if not rel or rel[0] == "hidden" and len(rel) == 1:
+        return None
+    top = rel[0]
+    if LAB_DIR_RE.match(top):
+        return None if top[:2] in labs else True
+    return True if collection_path.is_dir() or collection_path.suffix == ".py" else None
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         folder = Path(str(item.fspath)).parent.name
