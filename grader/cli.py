@@ -36,6 +36,8 @@ def cmd_stubs(args) -> int:
 def cmd_fixtures(args) -> int:
     from grader import fixtures
 
+    if args.noise:
+        return _fixture_noise(args)
     rep = fixtures.generate(_labs(args.labs), check=args.check)
     for p in rep.written:
         print(f"wrote {p.relative_to(KIT_ROOT)}")
@@ -48,6 +50,28 @@ def cmd_fixtures(args) -> int:
     print(f"{len(rep.written)} written, {len(rep.unchanged)} unchanged, {len(rep.stale)} stale, "
           f"{len(rep.skipped)} lab(s) skipped")
     return 1 if rep.stale else 0
+
+
+def _fixture_noise(args) -> int:
+    import json
+
+    from grader import fixtures
+
+    variants = [v.strip() for v in args.variants.split(",")] if args.variants else None
+    report = fixtures.noise_panel(_labs(args.labs), only=variants)
+    worst = sorted(report["arrays"].items(), key=lambda kv: -kv[1]["deviation"])
+    for key, row in worst[:10]:
+        print(f"{row['deviation']:8.3g} of the bound  {key}  ({row['by']})")
+    over = [key for key, row in worst if not row["deviation"] <= fixtures.NOISE_MARGIN]
+    print(f"{len(report['arrays'])} arrays rebuilt by {len(report['panel'])} variants; "
+          f"{len(over)} beyond {fixtures.NOISE_MARGIN:g} of the staleness bound")
+    if args.write:
+        if (args.labs or variants) and fixtures.NOISE_JSON.is_file():
+            report = fixtures.merge_noise(json.loads(fixtures.NOISE_JSON.read_text(encoding="utf-8")), report,
+                                          _labs(args.labs), variants)
+        fixtures.NOISE_JSON.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        print(f"wrote {fixtures.NOISE_JSON.relative_to(KIT_ROOT)}")
+    return 1 if over else 0
 
 
 def cmd_catalogue(args) -> int:
@@ -244,6 +268,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("fixtures", help="regenerate tests/*/fixtures/*.npz from the solutions (and HuggingFace)")
     s.add_argument("--check", action="store_true", help="only report fixtures that would change (exit 1 if any)")
+    s.add_argument("--noise", action="store_true",
+                   help="rebuild every fixture under other OpenBLAS kernels, thread counts and float64, and report "
+                        "how far each array lands from the stored one, as a share of the staleness bound")
+    s.add_argument("--write", action="store_true", help="with --noise: store the measurement in docs/fixture_noise.json")
+    s.add_argument("--variants", help="with --noise: only these variants (reference, float64, kernel-…, threads-…); "
+                                      "--write then keeps the other variants' measurements")
     _labs_option(s, "whose fixtures to build")
     s.set_defaults(func=cmd_fixtures)
 

@@ -98,3 +98,57 @@ def test_an_edited_recipe_is_reported_stale(tmp_path):
     for seed, scale in [("2", "1"), ("1", "1.001")]:  # another input; a formula changed by 0.1%
         recipe.write_text(RECIPE.replace("SEED", seed).replace("SCALE", scale))
         assert [p.name for p in generate(check=True, **quiet).stale] == ["case.npz"], (seed, scale)
+
+
+# -- the staleness bound is certified on a panel of honest rebuilds (docs/fixture_noise.json,
+# written by `uv run grader fixtures --noise --write`): every other CPU kernel, thread count
+# and the float64 reference stays well inside it, while an edited recipe lands far beyond.
+
+def _noise_report():
+    import json
+
+    from grader.fixtures import NOISE_JSON
+
+    return json.loads(NOISE_JSON.read_text(encoding="utf-8"))
+
+
+def test_the_noise_report_measures_the_current_bound_on_a_full_panel():
+    from grader.fixtures import FLOAT_ATOL_OF_MAX, FLOAT_RTOL, NOISE_MARGIN
+
+    report = _noise_report()
+    assert report["bound"] == {"rtol": FLOAT_RTOL, "atol_of_max": FLOAT_ATOL_OF_MAX}, \
+        "the staleness bound changed since it was measured: run `uv run grader fixtures --noise --write`"
+    assert report["margin"] == NOISE_MARGIN
+    ids = {run["id"] for run in report["panel"]}
+    assert {"reference", "float64", "threads-1"} <= ids, ids
+    assert any(i.startswith("kernel-") for i in ids), f"no other OpenBLAS kernel in the panel: {ids}"
+    assert all(run["fixtures"] for run in report["panel"]), "a variant rebuilt no fixture"
+
+
+def test_every_stored_float_array_has_a_noise_measurement():
+    arrays = _noise_report()["arrays"]
+    missing = []
+    for recipe in recipes():
+        for path in sorted((recipe.parent / "fixtures").glob("*.npz")):
+            with np.load(path, allow_pickle=False) as stored:
+                floats = [k for k in stored.files if stored[k].dtype.kind in "fc"]
+            missing += [f"{recipe.parent.name}/{path.stem}:{k}" for k in floats
+                        if f"{recipe.parent.name}/{path.stem}:{k}" not in arrays]
+    assert not missing, (f"{len(missing)} stored arrays were never rebuilt by the noise panel (first: {missing[:5]}): "
+                         "run `uv run grader fixtures --noise --write`")
+
+
+def test_every_honest_rebuild_stays_within_the_margin():
+    from grader.fixtures import NOISE_MARGIN
+
+    over = {k: v for k, v in _noise_report()["arrays"].items() if not v["deviation"] <= NOISE_MARGIN}
+    assert not over, (f"these arrays move by more than {NOISE_MARGIN} of the staleness bound when rebuilt honestly, "
+                      f"so another machine may call them stale: {dict(list(over.items())[:8])}")
+
+
+def test_an_edit_of_a_tenth_of_a_percent_lands_far_beyond_the_worst_honest_rebuild():
+    from grader.fixtures import NOISE_MARGIN, deviation
+
+    x = _logits_like()
+    moved = deviation(x, x * np.float32(1.001))
+    assert moved >= 8 * NOISE_MARGIN, moved  # an edit moves values ≥ 8× as far as any honest rebuild may
