@@ -59,6 +59,9 @@ def feedback_markdown(r: StudentResult) -> str:
             out += [f"  - {f}" for f in review]
         failed = [t for t in lr.tests if t.outcome != "passed"]
         passed = len(lr.tests) - len(failed)
+        if _never_ran(lr) and len({t.message for t in lr.tests}) == 1:  # e.g. not handed in: said once
+            out += [f"None of its {len(lr.tests)} tests ran: {first_line(lr.tests[0].message, 600)}.", ""]
+            continue
         out.append(f"{passed} of {len(lr.tests)} tests passed.")
         if failed:
             out.append("")
@@ -258,7 +261,7 @@ def report_html(labs: list[str], results: list[StudentResult], stats: dict) -> s
                         f'style="width:{pct:.0f}px"></div> {pct:.0f}%</td><td>{fails}</td></tr>')
         sections.append(f"<h2>{e(lab)}</h2><p>mean {100 * s['mean_fraction']:.0f}% · {s['full_marks']} of "
                         f"{stats['graded']} with full marks · ran for {s['ran']} (pass rates below are theirs), "
-                        f"not run for {s['not_run']} (file missing)</p><table><tr><th>test</th><th>pass rate</th>"
+                        f"not run for {s['not_run']} (not handed in, or stopped before any result)</p><table><tr><th>test</th><th>pass rate</th>"
                         f"<th>most common failures</th></tr>{''.join(rows)}</table>")
     students = "".join(
         f"<tr><td>{e(r.student)}</td>{''.join(f'<td class=num>{pts(r.labs[lab].points)}</td>' if lab in r.labs else '<td></td>' for lab in labs)}"

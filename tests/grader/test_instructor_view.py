@@ -1,0 +1,66 @@
+"""What an instructor reads after grading: a lab not handed in said once, and never blamed
+for a later lab it does not feed."""
+
+from gptkit.testing.layout import KIT_ROOT
+from grader.grade import LabResult, StudentResult, TestRecord
+from grader.outputs import feedback_markdown, gradebook_csv
+from grader.submission import expected_files
+
+L1, L2 = "01_causal_mask", "02_embeddings"
+
+
+def _lab(lab, points, max_points, tests=None):
+    return LabResult(lab, points, max_points, [], tests or [TestRecord(f"tests/{lab}/test_x.py::test_a", lab, False,
+                                                                     "passed" if points else "failed", points,
+                                                                     max_points, "", 0.0)])
+
+
+def test_a_lab_not_handed_in_is_said_once_and_blames_no_lab_it_does_not_feed():
+    """Lab 08 (Llama) uses labs 01-06, never lab 07; lab 11 uses lab 07. A student without
+    lab 07 reads "not handed in" once, lab 08's note names lab 06 only, and lab 11's names
+    what it uses."""
+    from grader import handin
+
+    wanted = expected_files()
+    labs = sorted(wanted)
+    kit = handin.kit_uses(KIT_ROOT / "solutions", KIT_ROOT / "tests", KIT_ROOT / "tests" / "hidden", labs)
+    deps = handin.depends_on(kit, {m: lab for lab, mods in wanted.items() for m in mods}, {})
+    by_number = {lab[:2]: lab for lab in labs}
+    l06, l07, l08, l11 = (by_number[n] for n in ("06", "07", "08", "11"))
+    assert l07 not in deps[l08] and l06 in deps[l08] and l07 in deps[l11]
+
+    r = StudentResult("sam", "x", flags=[f"{handin.NOT_HANDED_IN} (files missing): {l07}"])
+    r.labs = {l06: _lab(l06, 5, 20), l07: _lab(l07, 0, 20), l08: _lab(l08, 10, 20), l11: _lab(l11, 3, 20)}
+    handin.dependency_notes(r, deps, {l07})
+    assert not r.labs[l07].flags
+    assert len(r.labs[l08].flags) == 1 and l06 in r.labs[l08].flags[0] and l07 not in r.labs[l08].flags[0]
+    assert any(l07 in f and "lost points" not in f for f in r.labs[l11].flags)
+    assert not any(l07 in f and "lost points" in f for lr in r.labs.values() for f in lr.flags)
+    row = gradebook_csv(labs, [r]).splitlines()[1]
+    assert row.count(handin.NOT_HANDED_IN) == 1, row
+
+    # Its own student's files import an earlier lab: that counts too.
+    own = handin.depends_on(kit, {m: lab for lab, mods in wanted.items() for m in mods},
+                            {l08: {"llama.py": b"import numpy\nfrom training import train_step\n"}})
+    assert l07 in own[l08]
+
+
+def test_an_unchanged_stub_is_not_handed_in_and_not_run(two_lab_grader, tmp_path):
+    """A whole copy handed in with lab 01 left as the stub and lab 02 absent: nothing runs,
+    the flags say "not handed in" once per lab, and no lab is said to lose points of another."""
+    not_handed_in = "not handed in"
+    stub = (KIT_ROOT / "labs" / L1 / "src" / "causal_mask.py").read_bytes()
+    sub = tmp_path / "sam" / "labs" / L1 / "src"
+    sub.mkdir(parents=True)
+    (sub / "causal_mask.py").write_bytes(stub.replace(b"\n", b"\r\n"))  # as a Windows checkout writes it
+    r = two_lab_grader.grade("sam", tmp_path / "sam")
+    assert r.total == 0 and not r.error
+    assert [t.outcome for lr in r.labs.values() for t in lr.tests] == ["not run"] * sum(
+        len(lr.tests) for lr in r.labs.values())
+    assert "is the stub as given, unchanged" in r.labs[L1].tests[0].message
+    assert "missing" in r.labs[L2].tests[0].message
+    flags = [*r.flags, *(f for lr in r.labs.values() for f in lr.flags)]
+    assert sum(not_handed_in in f for f in flags) == 2 and not any("lost points" in f for f in flags), flags
+    feedback = feedback_markdown(r)
+    for lr in r.labs.values():
+        assert f"None of its {len(lr.tests)} tests ran: not handed in" in feedback, feedback
