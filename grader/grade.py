@@ -34,6 +34,7 @@ from pathlib import Path
 
 from gptkit.testing.layout import KIT_ROOT, lab_dirs, lab_of
 from grader import handin, policy
+from grader.progress import watch_labs
 from grader.rubric import LabRubric, load_rubric
 from grader.sandbox import protocol, runner
 from grader.stubs import expected_stubs
@@ -160,6 +161,7 @@ class Grader:
         self.isolation = runner.isolation_mode()
         self.cpu_sets: dict[int, set[int]] = {}  # run_batch's: slot → its cores
         self.graded_tests: dict[str, list[str]] = {}
+        self.on_lab = None  # run_batch's: on_lab(student, lab) as each lab of a submission is over
         # What a lab left as the stub looks like (the full kit only: a student's copy has
         # no pristine stubs), and which modules each lab's code and tests use.
         self.stubs = handin.stub_texts(expected_stubs()) if self.reference else {}
@@ -331,8 +333,10 @@ class Grader:
                 shutil.copytree(self.cache / "kit" / HYPOTHESIS_CONSTANTS, scratch / runner.HYPOTHESIS_DIR)
             scratch.chmod(0o755)
             module_labs = {m: name for name, mods in self.all_wanted.items() for m in mods}
-            return runner.run(scratch, jobs, self.limits, slot=slot, mode=self.isolation, module_labs=module_labs,
-                              cpus=self.cpu_sets.get(slot), kit=kit)
+            told = (lambda lab: self.on_lab(sub.student, lab)) if self.on_lab else None
+            with watch_labs(scratch / "slogs", [j["lab"] for j in jobs], told):
+                return runner.run(scratch, jobs, self.limits, slot=slot, mode=self.isolation,
+                                  module_labs=module_labs, cpus=self.cpu_sets.get(slot), kit=kit)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
@@ -530,12 +534,13 @@ class Grader:
             return None
         return old if digest == old.submission_digest else None
 
-    def run_batch(self, paths: list[Path], jobs: int = 1, on_done=None) -> list[StudentResult]:
+    def run_batch(self, paths: list[Path], jobs: int = 1, on_done=None, on_lab=None) -> list[StudentResult]:
         from grader import outputs
 
         (self.out_dir / ".scratch").mkdir(parents=True, exist_ok=True)
         unique = unique_ids(discover(paths))
         self.prepare()
+        self.on_lab = on_lab
         results: dict[str, StudentResult] = {}
         todo = []
         for student, p in unique:

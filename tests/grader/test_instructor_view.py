@@ -1,5 +1,9 @@
-"""What an instructor reads after grading: a lab not handed in said once, and never blamed
-for a later lab it does not feed."""
+"""What an instructor reads while and after grading: a status line that moves lab by lab,
+and a lab not handed in said once, never blamed for a later lab it does not feed."""
+
+import io
+import threading
+import time
 
 from gptkit.testing.layout import KIT_ROOT
 from grader.grade import LabResult, StudentResult, TestRecord
@@ -13,6 +17,40 @@ def _lab(lab, points, max_points, tests=None):
     return LabResult(lab, points, max_points, [], tests or [TestRecord(f"tests/{lab}/test_x.py::test_a", lab, False,
                                                                      "passed" if points else "failed", points,
                                                                      max_points, "", 0.0)])
+
+
+def test_lab_progress_comes_from_the_logs_the_sandbox_opens(tmp_path):
+    """A lab is over once a later lab's log appears in slogs/, and every lab once the run
+    ends; the status line counts labs, so it moves inside one student's run."""
+    from grader.progress import Progress, watch_labs
+
+    told, seen = [], threading.Event()
+
+    def on_lab(lab):
+        told.append(lab)
+        seen.set()
+
+    labs = ["01_a", "02_b", "03_c"]
+    with watch_labs(tmp_path, labs, on_lab, poll=0.01):
+        (tmp_path / ".zygote.txt").write_text("")
+        (tmp_path / "01_a.txt").write_text("")
+        (tmp_path / "03_c.txt").write_text("")  # lab 02 never started a lab process
+        deadline = time.monotonic() + 30
+        while len(told) < 2 and time.monotonic() < deadline:
+            seen.wait(0.05)
+        assert told == ["01_a", "02_b"]
+    assert told == labs
+
+    out = io.StringIO()
+    p = Progress(2, 3, stream=out)
+    p.lab("alice", "01_a")
+    r = StudentResult("alice", "x", total=5, max_total=30)
+    p.update(r, reused=False)
+    p.lab("bob", "01_a")
+    lines = out.getvalue().splitlines()
+    assert "0/2 students, 1/6 labs" in lines[0] and "alice: 01_a done" in lines[0]
+    assert "1/2 students, 3/6 labs" in lines[1] and "alice: 5.00/30" in lines[1]
+    assert "1/2 students, 4/6 labs" in lines[2], lines
 
 
 def test_a_lab_not_handed_in_is_said_once_and_blames_no_lab_it_does_not_feed():
