@@ -1,11 +1,13 @@
 """What an instructor reads while and after grading: a status line that moves lab by lab,
-and a lab not handed in said once, never blamed for a later lab it does not feed."""
+a lab not handed in said once (and never blamed for a later lab it does not feed), and
+the total at the end of `grader check`."""
 
 import io
 import threading
 import time
 
 from gptkit.testing.layout import KIT_ROOT
+from grader.check import render
 from grader.grade import LabResult, StudentResult, TestRecord
 from grader.outputs import feedback_markdown, gradebook_csv
 from grader.submission import expected_files
@@ -102,3 +104,10 @@ def test_an_unchanged_stub_is_not_handed_in_and_not_run(two_lab_grader, tmp_path
     feedback = feedback_markdown(r)
     for lr in r.labs.values():
         assert f"None of its {len(lr.tests)} tests ran: not handed in" in feedback, feedback
+
+
+def test_grader_check_ends_with_the_points_per_lab_and_the_total():
+    r = StudentResult("you", "x", total=10, max_total=25.5)
+    r.labs = {L1: _lab(L1, 10, 10), L2: _lab(L2, 0, 15.5)}
+    last = render(r, isolation="bwrap", hidden=False).splitlines()[-1]
+    assert last == "points: 01 10/10, 02 0/15.5; total 10 / 25.5", last
