@@ -134,12 +134,17 @@ def cmd_similarity(args) -> int:
 def cmd_release(args) -> int:
     from grader.release import ReleaseError, release
 
+    notes: list[str] = []
     try:
-        entries = release(args.out, force=args.force)
+        entries = release(args.out, force=args.force, notes=notes)
     except ReleaseError as exc:
         print(f"grader release: {exc}", file=sys.stderr)
         return 1
     print(f"wrote the student copy to {args.out}: {', '.join(entries)}")
+    if notes:
+        print(f"{len(notes)} file(s) in labs/ differ from the stubs that solutions/ generates; the release holds "
+              "the generated stubs, and these files were left as they are:")
+        print("\n".join(f"  {n}" for n in notes))
     print("checked: no solutions, hidden tests, bug catalogue or instructors' pages; no solution line in any "
           "file (its grader offers `grader check` alone)")
     return 0

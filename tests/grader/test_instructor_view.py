@@ -1,8 +1,11 @@
 """What an instructor reads while and after grading: a status line that moves lab by lab,
-a lab not handed in said once (and never blamed for a later lab it does not feed), and
-the total at the end of `grader check`."""
+a lab not handed in said once (and never blamed for a later lab it does not feed), the
+total at the end of `grader check`, and a release that never asks to overwrite work."""
 
 import io
+import shutil
+import subprocess
+import sys
 import threading
 import time
 
@@ -13,6 +16,7 @@ from grader.outputs import feedback_markdown, gradebook_csv
 from grader.submission import expected_files
 
 L1, L2 = "01_causal_mask", "02_embeddings"
+ALICE = KIT_ROOT / "examples" / "submissions" / "alice"
 
 
 def _lab(lab, points, max_points, tests=None):
@@ -111,3 +115,23 @@ def test_grader_check_ends_with_the_points_per_lab_and_the_total():
     r.labs = {L1: _lab(L1, 10, 10), L2: _lab(L2, 0, 15.5)}
     last = render(r, isolation="bwrap", hidden=False).splitlines()[-1]
     assert last == "points: 01 10/10, 02 0/15.5; total 10 / 25.5", last
+
+
+def test_release_in_a_copy_with_work_in_a_lab_leaves_it_and_says_so(tmp_path):
+    """A kit copy where someone filled in lab 01: the release holds the stub that
+    solutions/ generates, names the file and how it differs, and leaves the work alone
+    (it used to refuse and advise `grader stubs`, which overwrites that work)."""
+    copy = tmp_path / "kit"
+    shutil.copytree(KIT_ROOT, copy, ignore=shutil.ignore_patterns(
+        ".venv", ".git", "__pycache__", ".pytest_cache", ".hypothesis", ".grader-check", "grading"))
+    work = (ALICE / "labs" / L1 / "src" / "causal_mask.py").read_text()
+    (copy / "labs" / L1 / "src" / "causal_mask.py").write_text(work)
+    proc = subprocess.run([sys.executable, "-m", "grader.cli", "release", str(tmp_path / "out")], cwd=copy,
+                          capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert f"labs/{L1}/src/causal_mask.py:" in out and "filled in" in out, out
+    assert "grader stubs" not in out, out
+    assert (copy / "labs" / L1 / "src" / "causal_mask.py").read_text() == work
+    released = (tmp_path / "out" / "labs" / L1 / "src" / "causal_mask.py").read_text()
+    assert released == (KIT_ROOT / "labs" / L1 / "src" / "causal_mask.py").read_text()
