@@ -1,6 +1,7 @@
 """What an instructor reads while and after grading: a status line that moves lab by lab,
 a lab not handed in said once (and never blamed for a later lab it does not feed), the
-total at the end of `grader check`, and a release that never asks to overwrite work."""
+total at the end of `grader check`, a release that never asks to overwrite work, and a
+class summary that says what its percentages are."""
 
 import io
 import shutil
@@ -12,7 +13,7 @@ import time
 from gptkit.testing.layout import KIT_ROOT
 from grader.check import render
 from grader.grade import LabResult, StudentResult, TestRecord
-from grader.outputs import feedback_markdown, gradebook_csv
+from grader.outputs import class_stats, failure_kind, feedback_markdown, gradebook_csv, summary_table
 from grader.submission import expected_files
 
 L1, L2 = "01_causal_mask", "02_embeddings"
@@ -115,6 +116,22 @@ def test_grader_check_ends_with_the_points_per_lab_and_the_total():
     r.labs = {L1: _lab(L1, 10, 10), L2: _lab(L2, 0, 15.5)}
     last = render(r, isolation="bwrap", hidden=False).splitlines()[-1]
     assert last == "points: 01 10/10, 02 0/15.5; total 10 / 25.5", last
+
+
+def test_the_class_summary_says_what_its_percentages_are():
+    bad = TestRecord(f"tests/{L1}/test_x.py::test_b", L1, False, "failed", 0, 5,
+                     "AssertionError: softmax sums: expected 1.0, got 0.73125 (atol=1e-05, rtol=0.0001)", 0.0)
+    good = TestRecord(f"tests/{L1}/test_x.py::test_b", L1, False, "passed", 5, 5, "", 0.0)
+    a, b = StudentResult("a", "x"), StudentResult("b", "x")
+    a.labs = {L1: LabResult(L1, 0, 5, [], [bad])}
+    b.labs = {L1: LabResult(L1, 5, 5, [], [good])}
+    text = summary_table([L1], [a, b], class_stats([L1], [a, b]))
+    assert "share of those students who passed each: test_b 50%" in text, text
+    assert "(atol=1e-05, rtol=0.0001)" in text and "#" not in text, text
+    assert failure_kind(bad.message) == "softmax sums: expected …, got … (atol=1e-05, rtol=0.0001)"
+    carol = ("AssertionError: LayerNorm(x): Your result matches the unbiased variance (divided by D-1). 80 of 80 "
+             "elements differ (atol=1e-05, rtol=0.0001); largest difference 0.0123 at index (1, 2)")
+    assert failure_kind(carol) == "LayerNorm(x): wrong values (matches the unbiased variance (divided by D-1))"
 
 
 def test_release_in_a_copy_with_work_in_a_lab_leaves_it_and_says_so(tmp_path):
