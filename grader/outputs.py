@@ -119,7 +119,7 @@ def _never_ran(lr) -> bool:
 
 
 def _not_run(lr) -> str:
-    """Why a lab did not run at all (its file missing), or ""."""
+    """Why a lab did not run at all (not handed in, say), or ""."""
     return f" ({first_line(lr.tests[0].message, 300)})" if _never_ran(lr) else ""
 
 
@@ -180,7 +180,7 @@ def class_stats(labs: list[str], results: list[StudentResult]) -> dict:
     stats = {"students": len(results), "graded": len(graded), "labs": {}}
     for lab in labs:
         tests: dict[str, dict] = {}
-        # A lab that did not run (its file missing) says nothing about the
+        # A lab that did not run (not handed in, say) says nothing about the
         # concepts: pass rates and failure kinds count only the students whose lab ran.
         ran = [r for r in graded if lab in r.labs and not _never_ran(r.labs[lab])]
         for r in ran:
