@@ -161,7 +161,7 @@ class Grader:
         self.isolation = runner.isolation_mode()
         self.cpu_sets: dict[int, set[int]] = {}  # run_batch's: slot → its cores
         self.graded_tests: dict[str, list[str]] = {}
-        self.on_lab = None  # run_batch's: on_lab(student, lab) as each lab of a submission is over
+        self.on_lab = None  # run_batch's: on_lab(student, lab, over) as each lab of a submission starts, ends
         # What a lab left as the stub looks like (the full kit only: a student's copy has
         # no pristine stubs), and which modules each lab's code and tests use.
         self.stubs = handin.stub_texts(expected_stubs()) if self.reference else {}
@@ -333,7 +333,7 @@ class Grader:
                 shutil.copytree(self.cache / "kit" / HYPOTHESIS_CONSTANTS, scratch / runner.HYPOTHESIS_DIR)
             scratch.chmod(0o755)
             module_labs = {m: name for name, mods in self.all_wanted.items() for m in mods}
-            told = (lambda lab: self.on_lab(sub.student, lab)) if self.on_lab else None
+            told = (lambda lab, over: self.on_lab(sub.student, lab, over)) if self.on_lab else None
             with watch_labs(scratch / "slogs", [j["lab"] for j in jobs], told):
                 return runner.run(scratch, jobs, self.limits, slot=slot, mode=self.isolation,
                                   module_labs=module_labs, cpus=self.cpu_sets.get(slot), kit=kit)

@@ -22,12 +22,13 @@ POLL_SECONDS = 0.5
 
 @contextmanager
 def watch_labs(slogs: Path, labs: list[str], on_lab, poll: float = POLL_SECONDS):
-    """While the block runs, call ``on_lab(lab)`` for each of ``labs`` (in run order) once
-    the sandbox has moved past it; for the rest when the block ends."""
+    """While the block runs, call ``on_lab(lab, False)`` as each of ``labs`` (in run order)
+    starts and ``on_lab(lab, True)`` once the sandbox has moved past it; the rest are over
+    when the block ends."""
     if on_lab is None:
         yield
         return
-    told = 0
+    told, running = 0, -1
     lock = threading.Lock()
     stop = threading.Event()
 
@@ -35,10 +36,11 @@ def watch_labs(slogs: Path, labs: list[str], on_lab, poll: float = POLL_SECONDS)
         nonlocal told
         with lock:
             while told < upto:
-                on_lab(labs[told])
+                on_lab(labs[told], True)
                 told += 1
 
     def poll_logs() -> None:
+        nonlocal running
         while not stop.wait(poll):
             try:
                 started = set(os.listdir(slogs))
@@ -46,6 +48,10 @@ def watch_labs(slogs: Path, labs: list[str], on_lab, poll: float = POLL_SECONDS)
                 continue
             last = max((i for i, lab in enumerate(labs) if f"{lab}.txt" in started), default=-1)
             tell(last)  # the labs before the latest one to start are over
+            if last > running:
+                running = last
+                with lock:
+                    on_lab(labs[last], False)
 
     thread = threading.Thread(target=poll_logs, daemon=True)
     thread.start()
@@ -65,9 +71,11 @@ def _clock(seconds: float) -> str:
 class Progress:
     """One status line on stderr: students and labs done of the batch, a bar, an estimate of
     the time left, and the latest lab or student to finish. The bar counts labs, so it
-    moves while one student's labs run."""
+    moves while one student's labs run; on a terminal the line also ticks each second with
+    the labs running and for how long, so a lab that runs for minutes is seen to."""
 
     WIDTH = 24
+    TICK_SECONDS = 1.0
 
     def __init__(self, students: int, labs: int, stream=sys.stderr, clock=time.monotonic):
         self.students, self.labs_each = students, labs
@@ -77,10 +85,31 @@ class Progress:
         self.counted = 0  # labs graded in this run (kept results take no time)
         self.tty = stream.isatty()
         self.lock = threading.Lock()
+        self.running: dict[str, tuple[str, float]] = {}  # student → the lab running, since when
+        if self.tty:
+            threading.Thread(target=self._ticker, daemon=True).start()
 
-    def lab(self, student: str, lab: str) -> None:
-        """One lab of ``student`` is over (its score comes with the student's result)."""
+    def _ticker(self) -> None:
+        while self.done < self.students:
+            time.sleep(self.TICK_SECONDS)
+            self.tick()
+
+    def tick(self) -> None:
+        """Show the labs running now, and for how long."""
         with self.lock:
+            if self.running and self.done < self.students:
+                now = self.clock()
+                self._show("running " + ", ".join(f"{s}: {lab} {_clock(now - t)}"
+                                                  for s, (lab, t) in sorted(self.running.items())))
+
+    def lab(self, student: str, lab: str, over: bool = True) -> None:
+        """One lab of ``student`` starts, or is over (its score comes with the student's result)."""
+        with self.lock:
+            if not over:
+                self.running[student] = (lab, self.clock())
+                return
+            if self.running.get(student, ("",))[0] == lab:
+                del self.running[student]
             if self.per_student.get(student, 0) >= self.labs_each:
                 return
             self.per_student[student] = self.per_student.get(student, 0) + 1
@@ -91,6 +120,7 @@ class Progress:
     def update(self, result, reused: bool) -> None:
         """``result``'s student is done: their labs that did not run count as done too."""
         with self.lock:
+            self.running.pop(result.student, None)
             left = self.labs_each - self.per_student.get(result.student, 0)
             self.per_student[result.student] = self.labs_each
             self.labs_done += left

@@ -27,14 +27,15 @@ def _lab(lab, points, max_points, tests=None):
 
 
 def test_lab_progress_comes_from_the_logs_the_sandbox_opens(tmp_path):
-    """A lab is over once a later lab's log appears in slogs/, and every lab once the run
-    ends; the status line counts labs, so it moves inside one student's run."""
+    """A lab starts when its log appears in slogs/ and is over once a later lab's does, and
+    every lab once the run ends; the status line counts labs, so it moves inside one
+    student's run, and names the lab running and for how long."""
     from grader.progress import Progress, watch_labs
 
-    told, seen = [], threading.Event()
+    done, started, seen = [], [], threading.Event()
 
-    def on_lab(lab):
-        told.append(lab)
+    def on_lab(lab, over):
+        (done if over else started).append(lab)
         seen.set()
 
     labs = ["01_a", "02_b", "03_c"]
@@ -43,21 +44,25 @@ def test_lab_progress_comes_from_the_logs_the_sandbox_opens(tmp_path):
         (tmp_path / "01_a.txt").write_text("")
         (tmp_path / "03_c.txt").write_text("")  # lab 02 never started a lab process
         deadline = time.monotonic() + 30
-        while len(told) < 2 and time.monotonic() < deadline:
+        while "03_c" not in started and time.monotonic() < deadline:
             seen.wait(0.05)
-        assert told == ["01_a", "02_b"]
-    assert told == labs
+        assert done == ["01_a", "02_b"] and started[-1] == "03_c", (done, started)
+    assert done == labs
 
-    out = io.StringIO()
-    p = Progress(2, 3, stream=out)
+    out, now = io.StringIO(), [0.0]
+    p = Progress(2, 3, stream=out, clock=lambda: now[0])
+    p.lab("alice", "01_a", over=False)
+    now[0] = 151
+    p.tick()
     p.lab("alice", "01_a")
     r = StudentResult("alice", "x", total=5, max_total=30)
     p.update(r, reused=False)
     p.lab("bob", "01_a")
     lines = out.getvalue().splitlines()
-    assert "0/2 students, 1/6 labs" in lines[0] and "alice: 01_a done" in lines[0]
-    assert "1/2 students, 3/6 labs" in lines[1] and "alice: 5.00/30" in lines[1]
-    assert "1/2 students, 4/6 labs" in lines[2], lines
+    assert "0/2 students, 0/6 labs" in lines[0] and "running alice: 01_a 2:31" in lines[0], lines
+    assert "0/2 students, 1/6 labs" in lines[1] and "alice: 01_a done" in lines[1]
+    assert "1/2 students, 3/6 labs" in lines[2] and "alice: 5.00/30" in lines[2]
+    assert "1/2 students, 4/6 labs" in lines[3], lines
 
 
 def test_a_lab_not_handed_in_is_said_once_and_blames_no_lab_it_does_not_feed():
