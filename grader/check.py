@@ -44,6 +44,9 @@ def render(result, *, isolation: str, hidden: bool) -> str:
         passed = sum(t.outcome == "passed" for t in lr.tests)
         lines.append(f"{lab}: {passed} of {len(lr.tests)} tests passed ({pts(lr.points)} / {pts(lr.max_points)} points)")
         failed = [t for t in lr.tests if t.outcome != "passed"]
+        if failed and all(t.outcome == "not run" for t in lr.tests) and len({t.message for t in failed}) == 1:
+            lines.append(f"  none ran: {first_line(failed[0].message, 200)}")  # e.g. not handed in: said once
+            failed = []
         for t in failed[:8]:
             name = "a hidden test" if t.hidden else t.nodeid.split("::")[-1]
             lines.append(f"  ✗ {name}: {first_line(t.message, 200) or t.outcome}")
@@ -63,7 +66,17 @@ def render(result, *, isolation: str, hidden: bool) -> str:
                                            "does not hold."))
     if isolation != "bwrap":
         lines.append("bubblewrap is not installed here: the grader's own machine may refuse more than this one did.")
+    lines.append(points_line(result))
     return "\n".join(lines)
+
+
+def points_line(result) -> str:
+    """The last line: each lab's points and the total, as ``grader grade`` gives them."""
+    from grader.outputs import pts
+
+    labs = ", ".join(f"{lab[:2]} {pts(lr.points)}/{pts(lr.max_points)}" for lab, lr in result.labs.items())
+    return f"points: {labs}; total {pts(result.total)} / {pts(result.max_total)}"
+
 
 
 def run(targets: list[str], *, out_dir: Path | None = None, echo=print, json_out: str | None = None) -> int:

@@ -98,38 +98,11 @@ def cmd_validate(args) -> int:
     return 0 if ok else 1
 
 
-class Progress:
-    """One status line on stderr: done/total, a bar, the rate and an estimate."""
-
-    def __init__(self, total: int, stream=sys.stderr):
-        import time
-
-        self.total, self.done, self.stream, self.start, self.time = total, 0, stream, time.monotonic(), time
-        self.tty = stream.isatty()
-
-    def update(self, result, reused: bool) -> None:
-        self.done += 1
-        elapsed = self.time.monotonic() - self.start
-        rate = self.done / elapsed if elapsed > 0 else 0
-        eta = (self.total - self.done) / rate if rate else 0
-        width = 24
-        filled = int(width * self.done / max(1, self.total))
-        status = "kept" if reused else ("NOT GRADED: " + result.error if result.error else f"{result.total:.2f}/{result.max_total:g}")
-        line = (f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
-                f"eta {int(eta) // 60}:{int(eta) % 60:02d}  {result.student}: {status}")
-        if self.tty:
-            self.stream.write("\r\033[K" + line[:160])
-            if self.done == self.total:
-                self.stream.write("\n")
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
-
-
 def cmd_grade(args) -> int:
     from pathlib import Path
 
     from grader.grade import Grader
+    from grader.progress import Progress
     from grader.sandbox.runner import Limits
     from grader.submission import SubmissionError, discover
 
@@ -157,8 +130,11 @@ def cmd_grade(args) -> int:
         print("warning: bubblewrap (bwrap) is not available: submissions run with resource limits and an "
               "audit hook but without a private file system; install bubblewrap for full isolation",
               file=sys.stderr)
-    progress = Progress(total)
-    results = grader.run_batch([Path(p) for p in args.paths], jobs=args.jobs, on_done=progress.update)
+    (grader.out_dir / ".scratch").mkdir(parents=True, exist_ok=True)
+    grader.prepare()  # calibration first: the status line's estimate counts grading time alone
+    progress = Progress(total, len(grader.labs))
+    results = grader.run_batch([Path(p) for p in args.paths], jobs=args.jobs, on_done=progress.update,
+                               on_lab=progress.lab)
     print(grader.summary)
     failed = [r for r in results if r.error]
     for r in failed:
@@ -182,12 +158,17 @@ def cmd_similarity(args) -> int:
 def cmd_release(args) -> int:
     from grader.release import ReleaseError, release
 
+    notes: list[str] = []
     try:
-        entries = release(args.out, force=args.force)
+        entries = release(args.out, force=args.force, notes=notes)
     except ReleaseError as exc:
         print(f"grader release: {exc}", file=sys.stderr)
         return 1
     print(f"wrote the student copy to {args.out}: {', '.join(entries)}")
+    if notes:
+        print(f"{len(notes)} file(s) in labs/ differ from the stubs that solutions/ generates; the release holds "
+              "the generated stubs, and these files were left as they are:")
+        print("\n".join(f"  {n}" for n in notes))
     print("checked: no solutions, hidden tests, bug catalogue or instructors' pages; no solution line in any "
           "file (its grader offers `grader check` alone)")
     return 0

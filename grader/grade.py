@@ -33,9 +33,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gptkit.testing.layout import KIT_ROOT, lab_dirs, lab_of
-from grader import policy
+from grader import handin, policy
+from grader.progress import watch_labs
 from grader.rubric import LabRubric, load_rubric
 from grader.sandbox import protocol, runner
+from grader.stubs import expected_stubs
 from grader.submission import Submission, SubmissionError, discover, expected_files, read_submission, unique_ids
 
 HIDDEN_DIR = "tests/hidden"
@@ -107,7 +109,7 @@ def kit_digest(labs: list[str]) -> str:
     h = hashlib.sha256()
     files = [KIT_ROOT / "tests" / "conftest.py", KIT_ROOT / "pyproject.toml", Path(__file__),
              Path(runner.__file__), *runner.boot_files().values(), KIT_ROOT / "grader" / "rubric.toml",
-             KIT_ROOT / "grader" / "policy.py"]
+             KIT_ROOT / "grader" / "policy.py", KIT_ROOT / "grader" / "handin.py"]
     for sub in ("gptkit",):
         files += sorted((KIT_ROOT / sub).rglob("*.py"))
     for lab in labs:
@@ -159,6 +161,11 @@ class Grader:
         self.isolation = runner.isolation_mode()
         self.cpu_sets: dict[int, set[int]] = {}  # run_batch's: slot → its cores
         self.graded_tests: dict[str, list[str]] = {}
+        self.on_lab = None  # run_batch's: on_lab(student, lab, over) as each lab of a submission starts, ends
+        # What a lab left as the stub looks like (the full kit only: a student's copy has
+        # no pristine stubs), and which modules each lab's code and tests use.
+        self.stubs = handin.stub_texts(expected_stubs()) if self.reference else {}
+        self.kit_uses = handin.kit_uses(self.source, KIT_ROOT / "tests", KIT_ROOT / HIDDEN_DIR, list(self.all_wanted))
 
     # -- one-time preparation ----------------------------------------------------------
     def prepare(self) -> None:
@@ -326,8 +333,10 @@ class Grader:
                 shutil.copytree(self.cache / "kit" / HYPOTHESIS_CONSTANTS, scratch / runner.HYPOTHESIS_DIR)
             scratch.chmod(0o755)
             module_labs = {m: name for name, mods in self.all_wanted.items() for m in mods}
-            return runner.run(scratch, jobs, self.limits, slot=slot, mode=self.isolation, module_labs=module_labs,
-                              cpus=self.cpu_sets.get(slot), kit=kit)
+            told = (lambda lab, over: self.on_lab(sub.student, lab, over)) if self.on_lab else None
+            with watch_labs(scratch / "slogs", [j["lab"] for j in jobs], told):
+                return runner.run(scratch, jobs, self.limits, slot=slot, mode=self.isolation,
+                                  module_labs=module_labs, cpus=self.cpu_sets.get(slot), kit=kit)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
@@ -354,17 +363,18 @@ class Grader:
                     res.flags.append(f"syntax error in labs/{lab}/src/{rel} line {exc.lineno}: {exc.msg}")
                 except ValueError as exc:  # e.g. null bytes
                     res.flags.append(f"labs/{lab}/src/{rel} cannot be compiled: {exc}")
-            if missing:
-                not_run[lab] = "missing from the submission: " + ", ".join(f"labs/{lab}/src/{m}.py" for m in missing)
+            why = handin.not_handed_in(lab, missing, sub.files.get(lab, {}), self.stubs.get(lab))
+            if why:
+                not_run[lab] = why
             else:
                 runnable.append(lab)
-        absent = [lab for lab, why in not_run.items() if why.startswith("missing")]
-        if absent:
-            res.flags.append("missing lab files: " + ", ".join(absent))
+        res.flags += handin.flags(not_run)
         raw = self._run_submission(sub, slot, runnable)
         if raw.killed:
             res.flags.append(raw.killed)
         self._score(res, raw, not_run, notes)
+        module_labs = {m: name for name, mods in self.all_wanted.items() for m in mods}
+        handin.dependency_notes(res, handin.depends_on(self.kit_uses, module_labs, sub.files), set(not_run))
         res.seconds = round(time.monotonic() - start, 2)
         return res
 
@@ -499,11 +509,6 @@ class Grader:
             lr.points = round(sum(t.points for t in lr.tests), 4)
             lr.max_points = round(sum(t.max_points for t in lr.tests), 4)
             res.labs[lab] = lr
-        for lab, lr in res.labs.items():  # every lab runs on the student's own earlier labs
-            earlier = [e for e, er in res.labs.items() if e < lab and er.points < er.max_points]
-            if lr.points < lr.max_points and earlier:
-                lr.flags.append(f"this lab runs on your own earlier labs, and {', '.join(earlier)} lost points of "
-                                "its own: fix it first, since its mistakes can fail tests here too")
         res.total = round(sum(lr.points for lr in res.labs.values()), 4)
         res.max_total = round(sum(lr.max_points for lr in res.labs.values()), 4)
 
@@ -529,12 +534,13 @@ class Grader:
             return None
         return old if digest == old.submission_digest else None
 
-    def run_batch(self, paths: list[Path], jobs: int = 1, on_done=None) -> list[StudentResult]:
+    def run_batch(self, paths: list[Path], jobs: int = 1, on_done=None, on_lab=None) -> list[StudentResult]:
         from grader import outputs
 
         (self.out_dir / ".scratch").mkdir(parents=True, exist_ok=True)
         unique = unique_ids(discover(paths))
         self.prepare()
+        self.on_lab = on_lab
         results: dict[str, StudentResult] = {}
         todo = []
         for student, p in unique:

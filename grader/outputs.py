@@ -59,6 +59,9 @@ def feedback_markdown(r: StudentResult) -> str:
             out += [f"  - {f}" for f in review]
         failed = [t for t in lr.tests if t.outcome != "passed"]
         passed = len(lr.tests) - len(failed)
+        if _never_ran(lr) and len({t.message for t in lr.tests}) == 1:  # e.g. not handed in: said once
+            out += [f"None of its {len(lr.tests)} tests ran: {first_line(lr.tests[0].message, 600)}.", ""]
+            continue
         out.append(f"{passed} of {len(lr.tests)} tests passed.")
         if failed:
             out.append("")
@@ -116,7 +119,7 @@ def _never_ran(lr) -> bool:
 
 
 def _not_run(lr) -> str:
-    """Why a lab did not run at all (its file missing), or ""."""
+    """Why a lab did not run at all (not handed in, say), or ""."""
     return f" ({first_line(lr.tests[0].message, 300)})" if _never_ran(lr) else ""
 
 
@@ -153,8 +156,10 @@ def gradebook_csv(labs: list[str], results: list[StudentResult]) -> str:
     return buf.getvalue()
 
 
-_FLOAT = re.compile(r"-?\d+\.\d+(?:e[-+]?\d+)?|-?\d+e[-+]?\d+")
-_DIFFER = re.compile(r"^(?P<what>.*?): \d+ of \d+ (?:elements|values) ")
+# A number that varies from student to student; a tolerance (atol=1e-05) is the test's own
+# and stays, so that a grouped message still reads as the test wrote it.
+_FLOAT = re.compile(r"(?<!tol=)(?<![\w.])(?:-?\d+\.\d+(?:e[-+]?\d+)?|-?\d+e[-+]?\d+)")
+_DIFFER = re.compile(r"^(?P<what>.*?): (?:Your result matches .+?\. )?\d+ of \d+ (?:elements|values) ")
 _MATCHES = re.compile(r"Your result matches (.+?)(?:\.\s|\.?$)", re.S)  # up to the sentence's end
 
 
@@ -167,7 +172,7 @@ def failure_kind(message: str) -> str:
         kind = f"{m.group('what')}: wrong values"
         diag = _MATCHES.search(message)
         return kind + (f" (matches {diag.group(1)})" if diag else "")
-    return _FLOAT.sub("#", line)[:160]
+    return _FLOAT.sub("…", line)[:160]
 
 
 def class_stats(labs: list[str], results: list[StudentResult]) -> dict:
@@ -175,7 +180,7 @@ def class_stats(labs: list[str], results: list[StudentResult]) -> dict:
     stats = {"students": len(results), "graded": len(graded), "labs": {}}
     for lab in labs:
         tests: dict[str, dict] = {}
-        # A lab that did not run (its file missing) says nothing about the
+        # A lab that did not run (not handed in, say) says nothing about the
         # concepts: pass rates and failure kinds count only the students whose lab ran.
         ran = [r for r in graded if lab in r.labs and not _never_ran(r.labs[lab])]
         for r in ran:
@@ -219,9 +224,11 @@ def summary_table(labs: list[str], results: list[StudentResult], stats: dict) ->
     for lab in labs:
         s = stats["labs"][lab]
         hardest = sorted(s["tests"].items(), key=lambda kv: kv[1]["pass_rate"])[:3]
-        parts = [f"{('hidden' if v['hidden'] else _short(k).split('::')[-1])} {100 * v['pass_rate']:.0f}%" for k, v in hardest]
-        ran = f"ran for {s['ran']} of {s['ran'] + s['not_run']}"
-        lines.append(f"{lab} ({ran}): hardest tests: {', '.join(parts)}" if parts else f"{lab} ({ran})")
+        parts = [f"{('a hidden test' if v['hidden'] else _short(k).split('::')[-1])} {100 * v['pass_rate']:.0f}%"
+                 for k, v in hardest]
+        ran = f"ran for {s['ran']} of {s['ran'] + s['not_run']} students"
+        lines.append(f"{lab} ({ran}): hardest tests, with the share of those students who passed each: "
+                     f"{', '.join(parts)}" if parts else f"{lab} ({ran})")
         if s["common_failures"]:
             msg, n = s["common_failures"][0]
             lines.append(f"    most common failure ({n} student{'s' if n != 1 else ''}): {msg}")
@@ -258,7 +265,7 @@ def report_html(labs: list[str], results: list[StudentResult], stats: dict) -> s
                         f'style="width:{pct:.0f}px"></div> {pct:.0f}%</td><td>{fails}</td></tr>')
         sections.append(f"<h2>{e(lab)}</h2><p>mean {100 * s['mean_fraction']:.0f}% · {s['full_marks']} of "
                         f"{stats['graded']} with full marks · ran for {s['ran']} (pass rates below are theirs), "
-                        f"not run for {s['not_run']} (file missing)</p><table><tr><th>test</th><th>pass rate</th>"
+                        f"not run for {s['not_run']} (not handed in, or stopped before any result)</p><table><tr><th>test</th><th>pass rate</th>"
                         f"<th>most common failures</th></tr>{''.join(rows)}</table>")
     students = "".join(
         f"<tr><td>{e(r.student)}</td>{''.join(f'<td class=num>{pts(r.labs[lab].points)}</td>' if lab in r.labs else '<td></td>' for lab in labs)}"

@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 
 from gptkit.testing.layout import KIT_ROOT, LAB_DIR_RE, lab_dirs
-from grader.stubs import BEGIN, END, expected_stubs, stale_stubs
+from grader.stubs import BEGIN, END, expected_stubs
 from grader.submission import MANIFEST, expected_files
 
 TEMPLATE = Path(__file__).with_name("templates") / "STUDENT_README.md"
@@ -70,8 +70,35 @@ def find_leaks(root: Path, solutions: Path = KIT_ROOT / "solutions") -> list[str
     return leaks
 
 
-def release(out: Path, *, force: bool = False) -> list[str]:
-    """Write the student copy to ``out``; returns what was written (top-level entries)."""
+def stub_differences(stubs: dict[Path, str]) -> list[str]:
+    """Each file under ``labs/`` that is not the stub its solution generates, and how it
+    differs: YOUR CODE HERE blocks filled in (someone's work), or from which line."""
+    out = []
+    for path, text in stubs.items():
+        rel = path.relative_to(KIT_ROOT)
+        if not path.is_file():
+            out.append(f"{rel}: missing")
+            continue
+        have = path.read_text(encoding="utf-8", errors="replace")
+        if have == text:
+            continue
+        blocks = [line for line in text.splitlines() if line.strip().startswith("raise NotImplementedError(")]
+        kept = set(have.splitlines())
+        filled = sum(line not in kept for line in blocks)
+        if filled:
+            out.append(f"{rel}: {filled} of its {len(blocks)} YOUR CODE HERE block(s) filled in")
+        else:
+            a, b = have.splitlines(), text.splitlines()
+            line = next((i for i, (x, y) in enumerate(zip(a, b), 1) if x != y), min(len(a), len(b)) + 1)
+            out.append(f"{rel}: differs from the generated stub from line {line}")
+    return out
+
+
+def release(out: Path, *, force: bool = False, notes: list[str] | None = None) -> list[str]:
+    """Write the student copy to ``out``; returns what was written (top-level entries).
+    The stubs in it are those ``solutions/`` generates, whatever ``labs/*/src`` holds here:
+    a file there that differs (work done in this copy, or a solution changed since) is
+    left as it is and named in ``notes``."""
     out = Path(out).resolve()
     if out == KIT_ROOT or KIT_ROOT in out.parents and out.parent == KIT_ROOT and out.name in ("labs", "tests"):
         raise ReleaseError(f"refusing to release into {out}")
@@ -79,14 +106,18 @@ def release(out: Path, *, force: bool = False) -> list[str]:
         if not force:
             raise ReleaseError(f"{out} is not empty (use --force to replace it)")
         shutil.rmtree(out)
-    stale = stale_stubs()
-    if stale:
-        raise ReleaseError("stubs are out of date: run `uv run grader stubs` first: "
-                           + ", ".join(str(p.relative_to(KIT_ROOT)) for p in stale))
+    stubs = expected_stubs()
+    if notes is not None:
+        notes += stub_differences(stubs)
     out.mkdir(parents=True, exist_ok=True)
     skip = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache", ".hypothesis", ".ipynb_checkpoints")
     for lab in lab_dirs(KIT_ROOT / "labs"):
-        shutil.copytree(KIT_ROOT / "labs" / lab.name, out / "labs" / lab.name, ignore=skip)
+        shutil.copytree(KIT_ROOT / "labs" / lab.name, out / "labs" / lab.name,
+                        ignore=lambda d, names: skip(d, names) | ({"src"} if Path(d).parent.name == "labs" else set()))
+    for path, text in stubs.items():
+        dest = out / path.relative_to(KIT_ROOT)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(text, encoding="utf-8")
     (out / "tests").mkdir()
     shutil.copy2(KIT_ROOT / "tests" / "conftest.py", out / "tests" / "conftest.py")
     for d in sorted((KIT_ROOT / "tests").iterdir()):

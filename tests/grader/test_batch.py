@@ -45,6 +45,10 @@ def test_batch_outputs_cover_every_student(tmp_path):
     by = {r["student"]: r for r in rows}
     assert by["alice"]["total"] == "30" and by["broken"]["total"] == "0"
     assert "not graded" in by["broken"]["flags"] and "missing" in by["bob"]["flags"].lower() + proc.stdout
+    # Bob's lab 03 is not handed in: said once, and no lab of his is told another lost points.
+    assert by["bob"]["flags"].count("not handed in") == 1 and "lost points" not in by["bob"]["flags"], by["bob"]
+    # The status line moves as each lab ends, not only as each student does.
+    assert all(f"alice: {lab} done" in proc.stderr for lab in ("01_causal_mask", "02_embeddings", "03_layernorm_ffn"))
     for student in by:
         d = out / "students" / student
         assert {"result.json", "feedback.md", "results.json"} <= {p.name for p in d.iterdir()}
