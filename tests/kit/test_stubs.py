@@ -26,12 +26,21 @@ def test_stub_replaces_marked_block_with_named_error():
     assert "    # YOUR CODE HERE\n    raise NotImplementedError('Lab 07 · f: add one')\n" in stub
 
 
-def test_stub_says_where_it_comes_from_first():
+def test_stub_tells_the_student_what_to_do_first():
+    """A stub's first line says one thing: fill in the blocks here. It names no solution
+    file (the student copy has none) and no other file to edit."""
     stub = make_stub("def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION\n", "02",
                      "solutions/02_x/x.py")
     first = stub.splitlines()[0]
-    assert first.startswith("# Generated from solutions/02_x/x.py by `grader stubs`") and "YOUR CODE HERE" in first
+    assert first == "# Lab 02: fill in each `# YOUR CODE HERE` block in this file, then run `uv run pytest -m lab02`."
     assert stub.splitlines()[1] == "def f():"
+
+
+def test_no_stub_sends_the_student_elsewhere():
+    for path in sorted((KIT_ROOT / "labs").glob("*/src/*.py")):
+        first = path.read_text(encoding="utf-8").splitlines()[0]
+        assert "solutions" not in first and "YOUR CODE HERE" in first and "this file" in first, (
+            f"{path.relative_to(KIT_ROOT)} starts {first!r}: regenerate with `uv run grader stubs`")
 
 
 def test_stub_names_method_and_default_task():
