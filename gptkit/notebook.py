@@ -2,7 +2,10 @@
 
 Each notebook's first cell says whose code it looks at, ``IMPL = "labs"`` (your
 ``labs/*/src``) or ``"solutions"`` (the reference, in the full kit), and calls
-``use(IMPL)``: the tests' own binding (``gptkit.testing.layout.bind_tree`` and
+``use(IMPL)``; the environment variable ``GPTKIT_IMPL`` (``IMPL_VARIABLE``), when set,
+chooses instead, so ``GPTKIT_IMPL=solutions uv run --extra notebooks jupyter lab`` shows
+every notebook on the reference without editing one. A copy without ``solutions/`` (the
+student's) refuses that with one line. Then the tests' own binding (``gptkit.testing.layout.bind_tree`` and
 ``loader.lab``) then imports your modules by name. Every cell that runs lab code does so
 inside ``with task():``, so a function that is still a stub prints one line, the stub's
 own message and where it is::
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import traceback
 from pathlib import Path
 
@@ -37,18 +41,23 @@ from gptkit.testing.layout import KIT_ROOT, bind_tree, resolve_impl
 
 TRAINED = Path(__file__).resolve().parent / "data" / "shakespeare_bpe"
 _state = {"root": None, "unfinished": []}
+IMPL_VARIABLE = "GPTKIT_IMPL"  # set to "solutions" (or a path): every notebook looks at that code
 
 
 # -- whose code --------------------------------------------------------------------------------
 
 def use(impl: str = "labs"):
     """Bind the implementation tree ``impl`` (``labs``, ``solutions`` or a path) and return
-    ``lab``, the tests' binding: ``lab("gpt")`` is that tree's ``gpt`` module."""
+    ``lab``, the tests' binding: ``lab("gpt")`` is that tree's ``gpt`` module. ``$GPTKIT_IMPL``,
+    when set, is used instead of ``impl``."""
     from gptkit.testing import loader
 
+    chosen = os.environ.get(IMPL_VARIABLE, "").strip()
+    source = f"{IMPL_VARIABLE}={chosen}" if chosen else f"IMPL = {impl!r}"
+    impl = chosen or impl
     root = resolve_impl(impl)
     if not root.is_dir():
-        raise FileNotFoundError(f"IMPL = {impl!r}: there is no {root.name}/ in this copy of the kit"
+        raise FileNotFoundError(f"{source}: there is no {root.name}/ in this copy of the kit"
                                 + (" (the reference solutions come with the full kit only)" if impl == "solutions" else ""))
     bind_tree(root)
     loader.set_root(root)

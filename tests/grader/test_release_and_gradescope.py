@@ -88,6 +88,18 @@ def test_every_relative_link_of_the_release_resolves(student_copy):
                              "instructors' kit:\n" + "\n".join(unqualified))
 
 
+def test_the_student_copy_cannot_show_the_reference(student_copy):
+    """GPTKIT_IMPL=solutions (README.md: the notebooks on the reference) finds nothing to
+    bind in a student's copy and says so in one line."""
+    import sys
+
+    env = {**os.environ, "GPTKIT_IMPL": "solutions", "PYTHONPATH": str(student_copy)}
+    done = subprocess.run([sys.executable, "-c", "from gptkit.notebook import use; use('labs')"], cwd=student_copy,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "GPTKIT_IMPL=solutions: there is no solutions/" in done.stderr \
+        and "full kit only" in done.stderr, done.stdout + done.stderr[-2000:]
+
+
 def test_leak_check_catches_a_solution_line(student_copy, tmp_path):
     line = next(iter(solution_lines()))
     copy = tmp_path / "copy"

@@ -351,3 +351,14 @@ def test_the_grading_page_states_the_grader_s_limits_and_points():
             readme = (KIT_ROOT / "labs" / lab / "README.md").read_text()
             assert f"`{module}`" in readme, f"labs/{lab}/README.md does not name `{module}`, which its rubric allows"
             assert f"`{module}`" in text, f"docs/grading.md does not name `{module}`, which lab {lab} may use"
+
+
+# --- the notebooks: every lab's is named ------------------------------------------------------
+
+def test_the_readme_and_every_lab_readme_name_the_lab_s_notebook():
+    paragraph = next(p for p in README.read_text().split("\n\n") if "explore.ipynb" in p)
+    for lab in lab_dirs(KIT_ROOT / "labs"):
+        assert re.search(rf"\((?:lab )?{lab.number}\)", paragraph), \
+            f"README.md's notebook paragraph says nothing of lab {lab.number}'s notebook"
+        text = (KIT_ROOT / "labs" / lab.name / "README.md").read_text()
+        assert "](explore.ipynb)" in text, f"labs/{lab.name}/README.md does not link its explore.ipynb"

@@ -12,6 +12,8 @@ import io
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -59,7 +61,10 @@ def execute(path: Path, impl: str, *, env: dict | None = None, extra_cell: str |
     client = nbclient.NotebookClient(nb, timeout=600, startup_timeout=180, kernel_name="python3",
                                      resources={"metadata": {"path": str(path.parent)}})
     start = time.perf_counter()
-    client.execute(env={**os.environ, **(env or {})})
+    from gptkit.notebook import IMPL_VARIABLE
+
+    base = {k: v for k, v in os.environ.items() if k != IMPL_VARIABLE}  # the IMPL cell decides, unless env says
+    client.execute(env={**base, **(env or {})})
     TIMES[f"{path.parent.name} on {impl}"] = time.perf_counter() - start
     return nb
 
@@ -96,6 +101,33 @@ def reference_run(lab: str):
             pytest.skip("no solutions/ here (a student copy): the notebooks are checked in the full kit")
         _executed[lab] = execute(notebook_path(lab), "solutions")
     return _executed[lab]
+
+
+def _use_in(root: Path, impl_variable: str | None) -> subprocess.CompletedProcess:
+    """``use("labs")``, as a notebook's first cells call it, in a fresh interpreter at ``root``."""
+    from gptkit.notebook import IMPL_VARIABLE
+
+    env = {k: v for k, v in os.environ.items() if k != IMPL_VARIABLE}
+    if impl_variable is not None:
+        env[IMPL_VARIABLE] = impl_variable
+    return subprocess.run([sys.executable, "-c", "from gptkit.notebook import use; use('labs')"], cwd=root,
+                          env={**env, "PYTHONPATH": str(root)}, capture_output=True, text=True, timeout=120)
+
+
+def test_the_environment_variable_shows_the_reference_without_editing_a_notebook():
+    """README.md names GPTKIT_IMPL: set to solutions, every notebook's `use(IMPL)` binds the
+    reference although its first cell says "labs"; unset, the student's code."""
+    if not (KIT_ROOT / "solutions").is_dir():
+        pytest.skip("no solutions/ here (a student copy)")
+    from gptkit.notebook import IMPL_VARIABLE
+
+    assert f"`{IMPL_VARIABLE}=solutions`" in (KIT_ROOT / "README.md").read_text()
+    chosen = _use_in(KIT_ROOT, "solutions")
+    assert chosen.returncode == 0 and "code under study: solutions/ (the reference solutions)" in chosen.stdout, \
+        chosen.stdout + chosen.stderr
+    default = _use_in(KIT_ROOT, None)
+    assert default.returncode == 0 and "code under study: labs/ (your code)" in default.stdout, \
+        default.stdout + default.stderr
 
 
 @pytest.mark.parametrize("lab", LABS)
