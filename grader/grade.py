@@ -502,8 +502,10 @@ class Grader:
         for lab, lr in res.labs.items():  # every lab runs on the student's own earlier labs
             earlier = [e for e, er in res.labs.items() if e < lab and er.points < er.max_points]
             if lr.points < lr.max_points and earlier:
+                one = len(earlier) == 1
                 lr.flags.append(f"this lab runs on your own earlier labs, and {', '.join(earlier)} lost points of "
-                                "its own: fix it first, since its mistakes can fail tests here too")
+                                f"{'its' if one else 'their'} own: fix {'it' if one else 'them'} first, since "
+                                f"{'its' if one else 'their'} mistakes can fail tests here too")
         res.total = round(sum(lr.points for lr in res.labs.values()), 4)
         res.max_total = round(sum(lr.max_points for lr in res.labs.values()), 4)
 
