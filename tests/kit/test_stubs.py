@@ -76,3 +76,28 @@ def test_a_stub_failure_is_one_line_naming_the_task_and_its_place():
     for line in lines:
         assert re.fullmatch(r"labs/01_causal_mask/src/causal_mask\.py:\d+: NotImplementedError: Lab 01 · \w+: .+",
                             line), f"not a one-line task report: {line!r}"
+
+
+def test_a_lab_run_does_not_report_the_kit_s_own_skips(tmp_path):
+    """`uv run pytest -m lab01` without the similarity extra: the similarity tests skip
+    themselves while collected, and a student doing lab 01 sees no line about it (with no
+    lab marker, the skip is reported as usual)."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "copydetect").mkdir()
+    (tmp_path / "copydetect" / "__init__.py").write_text(
+        'raise ModuleNotFoundError("not installed, for this test", name="copydetect")\n')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+
+    def collect(*marker):
+        run = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *marker,
+                              "tests/01_causal_mask", "tests/grader/test_similarity.py"],
+                             cwd=KIT_ROOT, capture_output=True, text=True, timeout=300, env=env)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+        return run.stdout
+
+    assert "similarity" in collect(), "without a marker the similarity module's skip should be reported"
+    out = collect("-m", "lab01")
+    assert "SKIPPED" not in out and "similarity" not in out, out[-2000:]
