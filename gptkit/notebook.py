@@ -64,6 +64,7 @@ def use(impl: str = "labs"):
     _state["root"], _state["unfinished"] = root, []
     _autoreload()
     _inline_figures()
+    _audit_figures()
     _one_blas_thread()
     try:
         shown = root.relative_to(KIT_ROOT)
@@ -97,6 +98,36 @@ def _inline_figures() -> None:
         shell.run_line_magic("matplotlib", "inline")
     except Exception:  # noqa: BLE001 - without matplotlib there is nothing to draw
         pass
+
+
+AUDIT_VARIABLE = "GPTKIT_FIGURE_AUDIT"  # a file: each figure shown is measured, one JSON line per figure
+
+
+def _audit_figures() -> None:
+    """With ``$GPTKIT_FIGURE_AUDIT`` set (the notebooks' tests set it), ``plt.show()``
+    first measures each open figure (``gptkit.testing.figures``) and appends what it finds
+    to that file. Without it, nothing changes."""
+    target = os.environ.get(AUDIT_VARIABLE)
+    if not target:
+        return
+    import matplotlib.pyplot as plt
+
+    from gptkit.testing.figures import legibility_problems
+
+    show = getattr(plt.show, "_unaudited", plt.show)
+
+    def audited_show(*args, **kwargs):
+        with open(target, "a", encoding="utf-8") as out:
+            for number in plt.get_fignums():
+                fig = plt.figure(number)
+                titles = [t for t in [fig._suptitle.get_text() if fig._suptitle else ""]
+                          + [ax.get_title() for ax in fig.axes] if t]
+                out.write(json.dumps({"figure": titles[0] if titles else "", "problems": legibility_problems(fig)})
+                          + "\n")
+        return show(*args, **kwargs)
+
+    audited_show._unaudited = show
+    plt.show = audited_show
 
 
 def _one_blas_thread() -> None:
