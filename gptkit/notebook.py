@@ -2,7 +2,10 @@
 
 Each notebook's first cell says whose code it looks at, ``IMPL = "labs"`` (your
 ``labs/*/src``) or ``"solutions"`` (the reference, in the full kit), and calls
-``use(IMPL)``: the tests' own binding (``gptkit.testing.layout.bind_tree`` and
+``use(IMPL)``; the environment variable ``GPTKIT_IMPL`` (``IMPL_VARIABLE``), when set,
+chooses instead, so ``GPTKIT_IMPL=solutions uv run --extra notebooks jupyter lab`` shows
+every notebook on the reference without editing one. A copy without ``solutions/`` (the
+student's) refuses that with one line. Then the tests' own binding (``gptkit.testing.layout.bind_tree`` and
 ``loader.lab``) then imports your modules by name. Every cell that runs lab code does so
 inside ``with task():``, so a function that is still a stub prints one line, the stub's
 own message and where it is::
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import traceback
 from pathlib import Path
 
@@ -37,24 +41,30 @@ from gptkit.testing.layout import KIT_ROOT, bind_tree, resolve_impl
 
 TRAINED = Path(__file__).resolve().parent / "data" / "shakespeare_bpe"
 _state = {"root": None, "unfinished": []}
+IMPL_VARIABLE = "GPTKIT_IMPL"  # set to "solutions" (or a path): every notebook looks at that code
 
 
 # -- whose code --------------------------------------------------------------------------------
 
 def use(impl: str = "labs"):
     """Bind the implementation tree ``impl`` (``labs``, ``solutions`` or a path) and return
-    ``lab``, the tests' binding: ``lab("gpt")`` is that tree's ``gpt`` module."""
+    ``lab``, the tests' binding: ``lab("gpt")`` is that tree's ``gpt`` module. ``$GPTKIT_IMPL``,
+    when set, is used instead of ``impl``."""
     from gptkit.testing import loader
 
+    chosen = os.environ.get(IMPL_VARIABLE, "").strip()
+    source = f"{IMPL_VARIABLE}={chosen}" if chosen else f"IMPL = {impl!r}"
+    impl = chosen or impl
     root = resolve_impl(impl)
     if not root.is_dir():
-        raise FileNotFoundError(f"IMPL = {impl!r}: there is no {root.name}/ in this copy of the kit"
+        raise FileNotFoundError(f"{source}: there is no {root.name}/ in this copy of the kit"
                                 + (" (the reference solutions come with the full kit only)" if impl == "solutions" else ""))
     bind_tree(root)
     loader.set_root(root)
     _state["root"], _state["unfinished"] = root, []
     _autoreload()
     _inline_figures()
+    _audit_figures()
     _one_blas_thread()
     try:
         shown = root.relative_to(KIT_ROOT)
@@ -88,6 +98,36 @@ def _inline_figures() -> None:
         shell.run_line_magic("matplotlib", "inline")
     except Exception:  # noqa: BLE001 - without matplotlib there is nothing to draw
         pass
+
+
+AUDIT_VARIABLE = "GPTKIT_FIGURE_AUDIT"  # a file: each figure shown is measured, one JSON line per figure
+
+
+def _audit_figures() -> None:
+    """With ``$GPTKIT_FIGURE_AUDIT`` set (the notebooks' tests set it), ``plt.show()``
+    first measures each open figure (``gptkit.testing.figures``) and appends what it finds
+    to that file. Without it, nothing changes."""
+    target = os.environ.get(AUDIT_VARIABLE)
+    if not target:
+        return
+    import matplotlib.pyplot as plt
+
+    from gptkit.testing.figures import legibility_problems
+
+    show = getattr(plt.show, "_unaudited", plt.show)
+
+    def audited_show(*args, **kwargs):
+        with open(target, "a", encoding="utf-8") as out:
+            for number in plt.get_fignums():
+                fig = plt.figure(number)
+                titles = [t for t in [fig._suptitle.get_text() if fig._suptitle else ""]
+                          + [ax.get_title() for ax in fig.axes] if t]
+                out.write(json.dumps({"figure": titles[0] if titles else "", "problems": legibility_problems(fig)})
+                          + "\n")
+        return show(*args, **kwargs)
+
+    audited_show._unaudited = show
+    plt.show = audited_show
 
 
 def _one_blas_thread() -> None:

@@ -1,7 +1,7 @@
 """``grader release OUT``: the student copy of the kit.
 
 It holds the stubs, the lab READMEs, the public tests with their fixtures, the concept
-pages (``docs/NN_name.md`` and their index), the ``gptkit`` helpers, the ``grader``
+pages (``docs/NN_name.md`` and their index) and ``docs/grading.md``, the ``gptkit`` helpers, the ``grader``
 package (in a copy without solutions it offers ``grader check`` alone: a student runs
 their labs as the grader will) with the list of each lab's modules, a student README,
 and pyproject/uv.lock. It holds no solutions, no hidden tests, no bug catalogue, and
@@ -23,7 +23,8 @@ from grader.submission import MANIFEST, expected_files
 
 TEMPLATE = Path(__file__).with_name("templates") / "STUDENT_README.md"
 MIN_LEAK_CHARS = 20  # shorter lines ("return x") are too generic to call a leak
-STUDENT_DOCS = re.compile(r"^\d\d_[a-z0-9_]+\.md$")  # the concept pages; the other pages are the instructors'
+# The concept pages and how labs are graded; the other pages are the instructors'.
+STUDENT_DOCS = re.compile(r"^(\d\d_[a-z0-9_]+|grading)\.md$")
 INSTRUCTOR_SECTION = "## Other pages"  # where the docs index starts listing the instructors' pages
 
 
@@ -140,7 +141,7 @@ def release(out: Path, *, force: bool = False, notes: list[str] | None = None) -
 
 
 def write_student_docs(out: Path, docs: Path = KIT_ROOT / "docs") -> list[str]:
-    """The concept pages and their index, without the index's list of instructors' pages."""
+    """The concept pages, how labs are graded, and the index, without the index's list of instructors' pages."""
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for page in sorted(docs.glob("*.md")):

@@ -8,7 +8,9 @@ In ``solutions/NN_name/<module>.py`` the student's part of each function sits be
 
 In ``labs/NN_name/src/<module>.py`` that part becomes ``# YOUR CODE HERE`` and a
 ``NotImplementedError`` naming the lab and the task; everything else is copied as is,
-under a first line that names the solution file (see ``header``).
+under a first line that tells the student what to do with the file (see ``header``). The
+stub does not name its solution: the student copy has none, and in the full kit
+``tests/kit/test_stubs.py`` catches a stub edited by hand.
 """
 
 from __future__ import annotations
@@ -27,17 +29,15 @@ class StubError(ValueError):
     pass
 
 
-def header(filename: str) -> str:
-    """A stub's first line. It is read in the full kit, where the stub must not be edited,
-    and in the student copy, where it is the file to edit."""
-    return (f"# Generated from {filename} by `grader stubs`: in the full kit, edit that file instead. "
-            "Students: fill in the YOUR CODE HERE blocks below.\n")
+def header(lab_number: str) -> str:
+    """A stub's first line, for the student who opens it: this is the file to fill in."""
+    return (f"# Lab {lab_number}: fill in each `# YOUR CODE HERE` block in this file, "
+            f"then run `uv run pytest -m lab{lab_number}`.\n")
 
 
 def make_stub(source: str, lab_number: str, filename: str = "<solution>") -> str:
-    """The stub text for one solution module's text (``filename``: where it is, for the
-    first line and for errors)."""
-    out: list[str] = [header(filename)]
+    """The stub text for one solution module's text (``filename``: where it is, for errors)."""
+    out: list[str] = [header(lab_number)]
     scope: list[tuple[int, str]] = []  # (indent, name) of enclosing defs/classes
     inside = False
     begin_line = 0

@@ -6,11 +6,14 @@ import csv
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
+
+import pytest
 
 from gptkit.testing.layout import KIT_ROOT
 
@@ -107,8 +110,14 @@ def _verdicts(r):
     return {lab: [(t.nodeid, t.outcome, t.points, t.message) for t in lr.tests] for lab, lr in r.labs.items()}
 
 
-def test_same_submission_same_result(grader):
-    a = grader.grade("a", EXAMPLES / "carol.zip")
+@pytest.fixture(scope="module")
+def carol(grader):
+    """carol.zip graded on labs 01–03 by the shared grader (once for the module)."""
+    return grader.grade("carol", EXAMPLES / "carol.zip")
+
+
+def test_same_submission_same_result(grader, carol):
+    a = carol
     b = grader.grade("b", EXAMPLES / "carol.zip")
     assert _verdicts(a) == _verdicts(b) and a.total == b.total
     assert 0 < a.total < 30
@@ -219,3 +228,28 @@ def test_submissions_side_by_side_get_cores_of_their_own():
         shares = _share_cores(2)
         assert sorted(shares) == [0, 1] and all(shares.values())
         assert not shares[0] & shares[1] and shares[0] | shares[1] <= set(cores)
+
+
+def test_carol_s_feedback_says_what_the_examples_readme_promises(carol, reachable_tmp):
+    """examples/submissions/README.md quotes carol's feedback: each quoted phrase of her row
+    is in what the grader writes for her (labs 01–03 with the shared grader, labs 04–05 with
+    one of their own), and lab 05's feedback names lab 04 as an earlier lab to fix first."""
+    from grader.grade import Grader
+    from grader.outputs import feedback_markdown
+
+    from .conftest import FAST, reachable_dir
+
+    row = next(line for line in (EXAMPLES / "README.md").read_text().splitlines() if line.startswith("| `carol.zip`"))
+    promised = [p for p in re.findall(r'"([^"]+)"', row.split("|")[3]) if p != "not handed in"]
+    assert len(promised) >= 4, row
+    later = Grader(reachable_dir(reachable_tmp, "grading-carol"), ["04", "05"], limits=FAST, log=lambda *_: None)
+    (later.out_dir / ".scratch").mkdir(parents=True, exist_ok=True)
+    later.prepare()
+    early_result, later_result = carol, later.grade("carol", EXAMPLES / "carol.zip")
+    feedback = feedback_markdown(early_result) + feedback_markdown(later_result)
+    unsaid = [p for p in promised if p not in feedback]
+    assert not unsaid, f"examples/submissions/README.md promises {unsaid} for carol; her feedback:\n{feedback[-4000:]}"
+    lab05 = feedback_markdown(later_result).split("## 05_gpt2_weights", 1)[1]
+    assert "your own 04_gpt_model, which lost points" in lab05, lab05[:1000]
+    assert all(0 < lr.points < lr.max_points for lab, lr in {**early_result.labs, **later_result.labs}.items()
+               if lab != "02_embeddings"), {lab: lr.points for lab, lr in later_result.labs.items()}

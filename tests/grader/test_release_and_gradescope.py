@@ -3,9 +3,11 @@ Gradescope bundle grades a submission laid out as Gradescope lays it out."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -34,15 +36,15 @@ def test_release_has_no_solutions_hidden_tests_or_catalogue(student_copy):
 
 
 def test_students_get_the_student_pages_only(student_copy):
-    """The lab READMEs, the concept pages with their index, and a student README naming all
-    the labs; the instructors' pages (grading, similarity thresholds, the trust model,
-    benchmarks, contributing) stay in the full kit."""
+    """The lab READMEs, the concept pages with their index, the page on how labs are graded,
+    and a student README naming all the labs; the instructors' pages (grading a class,
+    similarity thresholds, the trust model, benchmarks, contributing) stay in the full kit."""
     from gptkit.testing.layout import lab_dirs
     from grader.submission import expected_files
 
     docs = sorted(p.name for p in (student_copy / "docs").iterdir())
     labs = [lab.name for lab in lab_dirs(KIT_ROOT / "labs")]
-    assert docs == sorted([f"{lab}.md" for lab in labs] + ["README.md"]), docs
+    assert docs == sorted([f"{lab}.md" for lab in labs] + ["README.md", "grading.md"]), docs
     index = (student_copy / "docs" / "README.md").read_text()
     for page in ("instructors.md", "similarity.md", "performance.md", "contributing.md"):
         assert page not in index, f"the docs index links {page}, which students do not get"
@@ -51,6 +53,51 @@ def test_students_get_the_student_pages_only(student_copy):
         assert (student_copy / "labs" / lab / "README.md").is_file()
         assert f"| {lab} |" in readme, f"the student README does not describe {lab}"
     assert json.loads((student_copy / "grader" / "lab_modules.json").read_text()) == expected_files()
+
+
+def _page_text(page: Path) -> str:
+    """A Markdown page, or a notebook's Markdown cells, without its code blocks."""
+    if page.suffix == ".ipynb":
+        text = "\n\n".join("".join(c["source"]) for c in json.loads(page.read_text())["cells"]
+                           if c["cell_type"] == "markdown")
+    else:
+        text = page.read_text()
+    return re.sub(r"```.*?```", "", text, flags=re.S)
+
+
+def test_every_relative_link_of_the_release_resolves(student_copy):
+    """A student's copy lacks the instructors' pages and benchmarks/: no page or notebook
+    of it links to them (or to anything else it lacks), and a page that names one of
+    those files says, in the same paragraph, that it is in the instructors' kit."""
+    pages = [p for p in student_copy.rglob("*") if p.suffix in (".md", ".ipynb")
+             and ".venv" not in p.parts and "templates" not in p.parts]  # the template is the copy's README.md
+    assert len(pages) > 20, pages
+    broken, unqualified = [], []
+    for page in sorted(pages):
+        where = page.relative_to(student_copy)
+        for paragraph in re.split(r"\n\s*\n", _page_text(page)):
+            for target in re.findall(r"\]\(([^)\s]+)\)", paragraph):
+                path = target.partition("#")[0]
+                if path and not re.match(r"[a-z]+:", target) and not (page.parent / path).exists():
+                    broken.append(f"{where} → {target}")
+            for named in re.findall(r"`(?:uv run [^`]*?)?((?:docs|benchmarks)/[\w./-]+)", paragraph):
+                if not (student_copy / named).exists() and "instructors' kit" not in " ".join(paragraph.split()):
+                    unqualified.append(f"{where} names {named}")
+    assert not broken, "links in the student copy to what it does not hold:\n" + "\n".join(broken)
+    assert not unqualified, ("pages of the student copy name files it lacks without saying they are in the "
+                             "instructors' kit:\n" + "\n".join(unqualified))
+
+
+def test_the_student_copy_cannot_show_the_reference(student_copy):
+    """GPTKIT_IMPL=solutions (README.md: the notebooks on the reference) finds nothing to
+    bind in a student's copy and says so in one line."""
+    import sys
+
+    env = {**os.environ, "GPTKIT_IMPL": "solutions", "PYTHONPATH": str(student_copy)}
+    done = subprocess.run([sys.executable, "-c", "from gptkit.notebook import use; use('labs')"], cwd=student_copy,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "GPTKIT_IMPL=solutions: there is no solutions/" in done.stderr \
+        and "full kit only" in done.stderr, done.stdout + done.stderr[-2000:]
 
 
 def test_leak_check_catches_a_solution_line(student_copy, tmp_path):

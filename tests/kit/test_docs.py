@@ -287,3 +287,78 @@ def test_instructor_quick_start_runs_as_shown(tmp_path):
     assert not (student / "solutions").exists(), "the student copy holds no solutions"
     with zipfile.ZipFile(tmp_path / "autograder.zip") as zf:
         assert {"setup.sh", "run_autograder"} <= set(zf.namelist())
+
+
+# --- how labs are graded: one page, in step with the grader ---------------------------------
+
+GRADING = KIT_ROOT / "docs" / "grading.md"
+LAB_READMES = sorted((KIT_ROOT / "labs").glob("*/README.md"))
+
+
+def _marked(name: str) -> list[str]:
+    body = re.search(rf"<!-- {name}: -->(.*?)<!-- :{name} -->", GRADING.read_text(), re.S)
+    assert body, f"docs/grading.md lacks its <!-- {name}: --> list"
+    return re.findall(r"`([\w.]+)`", body[1])
+
+
+def test_every_lab_readme_links_the_grading_page_and_claims_no_rules_of_its_own():
+    """What the grader does is said once, in docs/grading.md; a lab README links it and
+    does not say the grader refuses, forbids or rejects code (the review is advisory)."""
+    for readme in LAB_READMES:
+        text = readme.read_text()
+        assert "](../../docs/grading.md)" in text, f"{_rel(readme)} does not link docs/grading.md"
+        claim = re.search(r"grader\s+(refuses|forbids|rejects|blocks|disallows)", text)
+        assert not claim, f"{_rel(readme)} says {claim[0]!r}: the grader's review notes, it refuses nothing"
+
+
+def test_the_grading_page_lists_what_the_review_notes_and_what_it_does_not():
+    """Each name the page lists as noted gets a review note from grader/policy.py, and each
+    it lists as silent gets none."""
+    import builtins
+
+    from grader.policy import review_source
+
+    def snippet(name: str) -> str:
+        return f'{name}(x, "y")\n' if hasattr(builtins, name) else f"import {name}\n"
+
+    noted, silent = _marked("noted"), _marked("silent")
+    assert noted and silent
+    quiet = [n for n in noted if not review_source(snippet(n))]
+    assert not quiet, f"docs/grading.md says these are noted; grader/policy.py is silent on them: {quiet}"
+    loud = {n: [str(f) for f in review_source(snippet(n))] for n in silent}
+    assert not any(loud.values()), f"docs/grading.md says these get no note; grader/policy.py notes them: {loud}"
+
+
+def test_the_grading_page_states_the_grader_s_limits_and_points():
+    import tomllib
+
+    from grader.sandbox.runner import Limits
+    from grader.submission import MAX_DEPTH, MAX_LAB_BYTES, MAX_LAB_FILES, MAX_MEMBER_BYTES
+
+    text = " ".join(GRADING.read_text().split())
+    limits = Limits()
+    for said in (f"{limits.test_seconds:g} CPU seconds per test", f"{limits.lab_seconds:g} CPU seconds in all",
+                 f"{limits.memory_mb} MB of address space", f"{MAX_LAB_FILES} files and {MAX_LAB_BYTES >> 20} MB a lab",
+                 f"{MAX_MEMBER_BYTES >> 20} MB a file", f"{MAX_DEPTH} folders deep"):
+        assert said in text, f"docs/grading.md should say {said!r} (the grader's default)"
+    rubric = tomllib.loads((KIT_ROOT / "grader" / "rubric.toml").read_text())["labs"]
+    points = {lab: entry.get("points") for lab, entry in rubric.items()}
+    assert set(points.values()) == {10, 20} and [p for p in points.values()].count(10) == 3 \
+        and all(points[name] == 10 for name in list(points)[:3]), points
+    assert "10 for labs 01–03, 20 for the later ones" in text
+    for lab, entry in rubric.items():
+        for module in entry.get("allowed_imports", []):
+            readme = (KIT_ROOT / "labs" / lab / "README.md").read_text()
+            assert f"`{module}`" in readme, f"labs/{lab}/README.md does not name `{module}`, which its rubric allows"
+            assert f"`{module}`" in text, f"docs/grading.md does not name `{module}`, which lab {lab} may use"
+
+
+# --- the notebooks: every lab's is named ------------------------------------------------------
+
+def test_the_readme_and_every_lab_readme_name_the_lab_s_notebook():
+    paragraph = next(p for p in README.read_text().split("\n\n") if "explore.ipynb" in p)
+    for lab in lab_dirs(KIT_ROOT / "labs"):
+        assert re.search(rf"\((?:lab )?{lab.number}\)", paragraph), \
+            f"README.md's notebook paragraph says nothing of lab {lab.number}'s notebook"
+        text = (KIT_ROOT / "labs" / lab.name / "README.md").read_text()
+        assert "](explore.ipynb)" in text, f"labs/{lab.name}/README.md does not link its explore.ipynb"

@@ -1,5 +1,6 @@
 """The notebook beside each lab (labs/NN_name/explore.ipynb): stored without outputs; run
-top to bottom on the reference, every figure drawn and not blank; run on the stubs, one
+top to bottom on the reference, every figure drawn, not blank and legible (no text under
+8 pt, a colour bar for every heatmap, no overlapping tick labels: gptkit/testing/figures.py); run on the stubs, one
 "finish this first" line where a task is missing and no traceback; one notebook rendered to
 HTML and screenshot in headless Chromium; lab 04's notebook in a released copy draws the
 trained model's attention maps from the student's own gpt.py."""
@@ -12,6 +13,8 @@ import io
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -24,6 +27,7 @@ LABS = [lab.name for lab in lab_dirs(KIT_ROOT / "labs")]
 NEEDS_EXTRA = "the notebooks extra is not installed (`uv sync --extra notebooks`; CI installs it): notebooks not run"
 MARK = "▶"  # how gptkit.notebook.task starts the one line it prints for an unfinished task or a skipped cell
 TIMES: dict[str, float] = {}
+AUDITS: dict[str, list[dict]] = {}  # "<lab> on <impl>" → what each figure shown measured
 
 
 def notebook_path(lab: str, root: Path = KIT_ROOT) -> Path:
@@ -59,7 +63,16 @@ def execute(path: Path, impl: str, *, env: dict | None = None, extra_cell: str |
     client = nbclient.NotebookClient(nb, timeout=600, startup_timeout=180, kernel_name="python3",
                                      resources={"metadata": {"path": str(path.parent)}})
     start = time.perf_counter()
-    client.execute(env={**os.environ, **(env or {})})
+    import tempfile
+
+    from gptkit.notebook import AUDIT_VARIABLE, IMPL_VARIABLE
+
+    base = {k: v for k, v in os.environ.items() if k != IMPL_VARIABLE}  # the IMPL cell decides, unless env says
+    with tempfile.TemporaryDirectory() as scratch:
+        audit = Path(scratch) / "figures.jsonl"
+        client.execute(env={**base, AUDIT_VARIABLE: str(audit), **(env or {})})
+        AUDITS[f"{path.parent.name} on {impl}"] = [json.loads(line) for line in audit.read_text().splitlines()] \
+            if audit.is_file() else []
     TIMES[f"{path.parent.name} on {impl}"] = time.perf_counter() - start
     return nb
 
@@ -98,6 +111,33 @@ def reference_run(lab: str):
     return _executed[lab]
 
 
+def _use_in(root: Path, impl_variable: str | None) -> subprocess.CompletedProcess:
+    """``use("labs")``, as a notebook's first cells call it, in a fresh interpreter at ``root``."""
+    from gptkit.notebook import IMPL_VARIABLE
+
+    env = {k: v for k, v in os.environ.items() if k != IMPL_VARIABLE}
+    if impl_variable is not None:
+        env[IMPL_VARIABLE] = impl_variable
+    return subprocess.run([sys.executable, "-c", "from gptkit.notebook import use; use('labs')"], cwd=root,
+                          env={**env, "PYTHONPATH": str(root)}, capture_output=True, text=True, timeout=120)
+
+
+def test_the_environment_variable_shows_the_reference_without_editing_a_notebook():
+    """README.md names GPTKIT_IMPL: set to solutions, every notebook's `use(IMPL)` binds the
+    reference although its first cell says "labs"; unset, the student's code."""
+    if not (KIT_ROOT / "solutions").is_dir():
+        pytest.skip("no solutions/ here (a student copy)")
+    from gptkit.notebook import IMPL_VARIABLE
+
+    assert f"`{IMPL_VARIABLE}=solutions`" in (KIT_ROOT / "README.md").read_text()
+    chosen = _use_in(KIT_ROOT, "solutions")
+    assert chosen.returncode == 0 and "code under study: solutions/ (the reference solutions)" in chosen.stdout, \
+        chosen.stdout + chosen.stderr
+    default = _use_in(KIT_ROOT, None)
+    assert default.returncode == 0 and "code under study: labs/ (your code)" in default.stdout, \
+        default.stdout + default.stderr
+
+
 @pytest.mark.parametrize("lab", LABS)
 def test_notebook_runs_on_the_reference_and_draws_every_figure(lab):
     nb = reference_run(lab)
@@ -115,6 +155,11 @@ def test_notebook_runs_on_the_reference_and_draws_every_figure(lab):
         if "html" in tags:
             pages = [o["data"]["text/html"] for o in cell.outputs if "text/html" in o.get("data", {})]
             assert pages and all(p.count("<span") >= 5 for p in pages), f"{lab} cell {n} should show coloured tokens"
+    audits = AUDITS.get(f"{lab} on solutions", [])
+    assert len(audits) >= sum("figure" in c.metadata.get("tags", []) for c in nb.cells), \
+        f"{lab}: fewer figures measured ({len(audits)}) than figure cells: does each call plt.show()?"
+    unreadable = [f"{a['figure'] or 'a figure'}: {p}" for a in audits for p in a["problems"]]
+    assert not unreadable, f"{lab}'s figures are hard to read:\n" + "\n".join(unreadable)
     print(f"{lab}: {TIMES.get(f'{lab} on solutions', 0):.1f} s on the reference")
 
 
@@ -128,6 +173,37 @@ def test_notebook_on_the_stubs_says_what_to_finish_and_goes_on(lab):
     assert all("uv run pytest -m lab" in line for line in finish), finish
     assert all("Traceback" not in text_of(c) for c in nb.cells if c.cell_type == "code")
     print(f"{lab}: {TIMES.get(f'{lab} on labs', 0):.1f} s on the stubs; first line: {finish[0]}")
+
+
+def test_the_legibility_check_finds_small_text_bare_heatmaps_and_overlapping_ticks():
+    """gptkit/testing/figures.py on figures made to fail and to pass, without a notebook."""
+    pytest.importorskip("matplotlib", reason=NEEDS_EXTRA)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from gptkit.testing.figures import legibility_problems
+
+    words = [f"token number {i}" for i in range(12)]
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(12, 4))
+    a.imshow(np.eye(12))
+    a.set_title("bare", fontsize=6)
+    b.plot(range(12))
+    b.set_xticks(range(12), words)  # flat, long and crowded: they overlap
+    c.set_xticks(range(12), words, rotation=90)  # the same words upright: they do not
+    found = legibility_problems(fig)
+    plt.close(fig)
+    assert any("6.0 pt" in p for p in found) and any("'bare' draws a heatmap without a colour bar" in p
+                                                    for p in found), found
+    assert sum("tick labels overlap" in p for p in found) == 1, found
+    fig, axes = plt.subplots(1, 2, figsize=(8, 4), layout="constrained")
+    for ax in axes:
+        im = ax.imshow(np.eye(4), vmin=0, vmax=1)
+        ax.set_xticks(range(4), ["a", "b", "c", "d"])
+    fig.colorbar(im, ax=axes)  # one bar for both: the same colour scale
+    assert legibility_problems(fig) == []
+    plt.close(fig)
 
 
 def _render():

@@ -1,4 +1,4 @@
-# Generated from solutions/01_causal_mask/causal_mask.py by `grader stubs`: in the full kit, edit that file instead. Students: fill in the YOUR CODE HERE blocks below.
+# Lab 01: fill in each `# YOUR CODE HERE` block in this file, then run `uv run pytest -m lab01`.
 """Lab 01 · Causal masking, softmax and scaled dot-product attention.
 
 Shapes: B batch, T queries, S keys (S ≥ T once a KV cache holds earlier tokens),

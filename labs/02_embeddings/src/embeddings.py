@@ -1,4 +1,4 @@
-# Generated from solutions/02_embeddings/embeddings.py by `grader stubs`: in the full kit, edit that file instead. Students: fill in the YOUR CODE HERE blocks below.
+# Lab 02: fill in each `# YOUR CODE HERE` block in this file, then run `uv run pytest -m lab02`.
 """Lab 02 · Token embeddings, learned positional embeddings and sinusoidal encodings.
 
 Shapes: B batch, T tokens, V vocabulary size, D model width, L max sequence length.

@@ -1,4 +1,4 @@
-# Generated from solutions/03_layernorm_ffn/layers.py by `grader stubs`: in the full kit, edit that file instead. Students: fill in the YOUR CODE HERE blocks below.
+# Lab 03: fill in each `# YOUR CODE HERE` block in this file, then run `uv run pytest -m lab03`.
 """Lab 03 · Linear, LayerNorm, GELU, Dropout and the position-wise FeedForward.
 
 Shapes: (..., D) means any leading dimensions, features last. float32 throughout.

@@ -1,4 +1,4 @@
-# Generated from solutions/04_gpt_model/gpt.py by `grader stubs`: in the full kit, edit that file instead. Students: fill in the YOUR CODE HERE blocks below.
+# Lab 04: fill in each `# YOUR CODE HERE` block in this file, then run `uv run pytest -m lab04`.
 """Lab 04 · Multi-head causal self-attention, the pre-norm Transformer block, and GPT-2.
 
 Shapes: B batch, T tokens (queries), S keys (S = T here; S > T once a KV cache holds

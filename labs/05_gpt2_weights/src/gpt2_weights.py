@@ -1,4 +1,4 @@
-# Generated from solutions/05_gpt2_weights/gpt2_weights.py by `grader stubs`: in the full kit, edit that file instead. Students: fill in the YOUR CODE HERE blocks below.
+# Lab 05: fill in each `# YOUR CODE HERE` block in this file, then run `uv run pytest -m lab05`.
 """Lab 05 · Reading a HuggingFace GPT-2 checkpoint with NumPy alone, and greedy generation.
 
 A ``.safetensors`` file is three parts, one after the other:

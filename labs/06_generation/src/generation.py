@@ -1,4 +1,4 @@
-# Generated from solutions/06_generation/generation.py by `grader stubs`: in the full kit, edit that file instead. Students: fill in the YOUR CODE HERE blocks below.
+# Lab 06: fill in each `# YOUR CODE HERE` block in this file, then run `uv run pytest -m lab06`.
 """Lab 06 · Generation: sampling strategies, beam search, a KV cache, cross-entropy and
 perplexity, on top of lab 04's GPTModel.
 

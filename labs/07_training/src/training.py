@@ -1,4 +1,4 @@
-# Generated from solutions/07_training/training.py by `grader stubs`: in the full kit, edit that file instead. Students: fill in the YOUR CODE HERE blocks below.
+# Lab 07: fill in each `# YOUR CODE HERE` block in this file, then run `uv run pytest -m lab07`.
 """Lab 07 · Training: the backward pass of every piece of the GPT, AdamW, gradient
 clipping, a learning-rate schedule, and a character-level training loop.
 

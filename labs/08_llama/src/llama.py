@@ -1,4 +1,4 @@
-# Generated from solutions/08_llama/llama.py by `grader stubs`: in the full kit, edit that file instead. Students: fill in the YOUR CODE HERE blocks below.
+# Lab 08: fill in each `# YOUR CODE HERE` block in this file, then run `uv run pytest -m lab08`.
 """Lab 08 · From GPT-2 to Llama: RMSNorm, SwiGLU, rotary positions, grouped-query attention.
 
 What changes from lab 04's GPT-2, block by block:

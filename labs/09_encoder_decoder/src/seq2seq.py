@@ -1,4 +1,4 @@
-# Generated from solutions/09_encoder_decoder/seq2seq.py by `grader stubs`: in the full kit, edit that file instead. Students: fill in the YOUR CODE HERE blocks below.
+# Lab 09: fill in each `# YOUR CODE HERE` block in this file, then run `uv run pytest -m lab09`.
 """Lab 09 · The original Transformer's encoder–decoder: padding masks, cross-attention,
 post-norm (and pre-norm) blocks, a seq2seq model laid out like HuggingFace's MarianMT, and
 greedy decoding that runs the encoder once and caches the cross-attention keys and values.

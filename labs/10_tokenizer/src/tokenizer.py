@@ -1,4 +1,4 @@
-# Generated from solutions/10_tokenizer/tokenizer.py by `grader stubs`: in the full kit, edit that file instead. Students: fill in the YOUR CODE HERE blocks below.
+# Lab 10: fill in each `# YOUR CODE HERE` block in this file, then run `uv run pytest -m lab10`.
 """Lab 10 · The tokenizer: byte-level BPE, trained on a corpus and GPT-2's own.
 
 A language model reads integer ids; this lab turns text into ids and back. Byte-level BPE

@@ -1,4 +1,4 @@
-# Generated from solutions/11_assistant/assistant.py by `grader stubs`: in the full kit, edit that file instead. Students: fill in the YOUR CODE HERE blocks below.
+# Lab 11: fill in each `# YOUR CODE HERE` block in this file, then run `uv run pytest -m lab11`.
 """Lab 11 · The assistant: a chat format, supervised fine-tuning on the assistant's tokens,
 LoRA adapters, a group of sampled answers with a verifiable reward, reinforcement learning
 in GRPO's form, and DPO, all on lab 04's GPTModel with lab 07's backward.

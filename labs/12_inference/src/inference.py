@@ -1,4 +1,4 @@
-# Generated from solutions/12_inference/inference.py by `grader stubs`: in the full kit, edit that file instead. Students: fill in the YOUR CODE HERE blocks below.
+# Lab 12: fill in each `# YOUR CODE HERE` block in this file, then run `uv run pytest -m lab12`.
 """Lab 12 · Inference engineering: making your own GPT fast.
 
 Labs 04 and 06 compute the right numbers; this lab computes the same numbers in less time
