@@ -1,13 +1,13 @@
 """The task lab 11's assistant learns: adding two whole numbers, asked in several ways, and
 saying what it can do when asked anything else.
 
-    <|user|>What is 47 + 85?<|assistant|>132<|end|>
-    <|user|>add 47 and 85<|assistant|>132<|end|>
+    <|user|>What is 27 + 15?<|assistant|>42<|end|>
+    <|user|>add 27 and 15<|assistant|>42<|end|>
     <|user|>who are you?<|assistant|>I can only add two numbers.<|end|>
 
 The answer is checked exactly (a verifiable reward), the problems are endless and cheap to
 make, and a small GPT learns them on two CPU cores in minutes. Both numbers are drawn
-uniformly from 0 … ``MAX_OPERAND`` (99); the answer is their sum in decimal, no spaces.
+uniformly from 0 … ``MAX_OPERAND`` (49); the answer is their sum in decimal, no spaces.
 
 **Phrasings.** A question is one of ``PHRASINGS`` filled in with the two numbers.
 ``TRAIN_PHRASINGS`` are the ones training ever shows; ``HELD_OUT_PHRASINGS`` never appear in
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-MAX_OPERAND = 99
+MAX_OPERAND = 49
 HELD_OUT = 400
 CHAT_TOKENS = ("<|user|>", "<|assistant|>", "<|end|>")  # lab 11's USER, ASSISTANT, END
 REFUSAL = "I can only add two numbers."
@@ -117,7 +117,7 @@ class OffTask:
 
 
 def _fill(template: str, rng: np.random.Generator) -> str:
-    a, b = (int(x) for x in rng.integers(0, MAX_OPERAND + 1, size=2))
+    a, b = (int(x) for x in rng.integers(0, 100, size=2))  # numbers in off-task questions: up to 99
     return normalise(template.format(a=a, b=b, country=_COUNTRIES[rng.integers(len(_COUNTRIES))],
                                      thing=_THINGS[rng.integers(len(_THINGS))], name=_NAMES[rng.integers(len(_NAMES))]))
 
