@@ -246,23 +246,23 @@ def one(seed: int, threads: int, size: str, steps: int) -> dict:
                 times[name].append(time.perf_counter() - t0)
     r["step_ms"] = {name: 1000 * float(np.median(t)) for name, t in times.items()}
     r["grad_gap"] = diff / scale if scale > 0 else diff
-    r["loss_pair"] = [float(loss), float(their_loss)]
+    r["loss_pair"] = [float(loss), float(their_loss.detach())]
     return r
 
 
 def _figures(r: dict) -> dict[str, float]:
     """The figures one run gives, by the table's row names."""
-    f = {"SFT plateau: held-out accuracy (%)": r["sft"]["accuracy"],
+    f = {"SFT at its last step: held-out accuracy (%)": r["sft"]["accuracy"],
          "SFT best point of its curve (%)": max(a for _, a in r["sft_curve"])}
     if "rl" in r:
         f |= {"RL: held-out accuracy (%)": r["rl"]["accuracy"],
-              "RL gain over the SFT plateau (points)": r["rl"]["accuracy"] - r["sft"]["accuracy"],
+              "RL gain over SFT's last step (points)": r["rl"]["accuracy"] - r["sft"]["accuracy"],
               "RL: held-out phrasings (%)": r["rl"]["held_out_phrasings"],
               "RL: worst single phrasing (%)": min(r["rl"]["phrasings"].values()),
               "RL: off-task answered with the sentence (%)": r["rl"]["off_task"]}
     if "dpo" in r:
         f |= {"DPO: held-out accuracy (%)": r["dpo"]["accuracy"],
-              "DPO gain over the SFT plateau (points)": r["dpo"]["accuracy"] - r["sft"]["accuracy"],
+              "DPO gain over SFT's last step (points)": r["dpo"]["accuracy"] - r["sft"]["accuracy"],
               "DPO: held-out phrasings (%)": r["dpo"]["held_out_phrasings"],
               "DPO: off-task answered with the sentence (%)": r["dpo"]["off_task"],
               "DPO pairs from the SFT model's samples": r["dpo_pairs"]}
@@ -365,8 +365,8 @@ def main() -> None:
     f = {n: [_figures(r) for r in runs[n]] for n in counts}
     key = counts[0]
     common.print_summary(
-        f"lab 11's assistant ({size} sizes, seeds {args.seeds}, {common.threads(key)}): SFT plateau "
-        f"{_cell([x['SFT plateau: held-out accuracy (%)'] for x in f[key]])} % → RL "
+        f"lab 11's assistant ({size} sizes, seeds {args.seeds}, {common.threads(key)}): SFT at its last step "
+        f"{_cell([x['SFT at its last step: held-out accuracy (%)'] for x in f[key]])} % → RL "
         f"{_cell([x['RL: held-out accuracy (%)'] for x in f[key]])} %, DPO "
         f"{_cell([x['DPO: held-out accuracy (%)'] for x in f[key]])} %; an RL step takes "
         f"{_cell([x['RL step, NumPy ÷ PyTorch'] for x in f[key]])}× PyTorch's time")

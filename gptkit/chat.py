@@ -10,9 +10,9 @@ Each line read is one question, asked on its own (the model was tuned on one-tur
 conversations: ``<|user|>What is 12 + 34?<|assistant|>``), normalised as training rendered
 its questions (``arithmetic.normalise``: outer spaces dropped, inner runs of spaces made
 one). The answer is the model's greedy reply up to ``<|end|>`` (``--temperature`` above 0
-samples instead). An answer that is not plain text is shown as what it is: ``(empty
-answer)`` when the model ends at once, the text in quotes when it starts or ends with a
-space, and ``(unfinished: …)`` when no ``<|end|>`` comes. At a terminal it prompts with
+samples instead). An answer that is neither a number nor the sentence the model was taught
+is shown as what it is: ``(empty answer)`` when the model ends at once, ``(malformed: …)``
+with the text quoted, and ``(unfinished: …)`` when no ``<|end|>`` comes. At a terminal it prompts with
 ``you>``; piped, it prints one answer per line. An empty line or end of input ends it.
 """
 
@@ -44,15 +44,16 @@ def load(folder: Path, impl: str):
 
 
 def shown(text: str, finished: bool) -> str:
-    """How the chat prints an answer: plain text as it is; an empty answer, one with spaces
-    at an end, or one with no ``<|end|>`` marked as such, so that none prints as a blank."""
+    """How the chat prints an answer: a number or the taught sentence as it is; an empty
+    answer, any other text (quoted) and an answer with no ``<|end|>`` marked as such, so
+    that none prints as a blank or passes for an answer."""
     if not finished:
         return f"(unfinished: {text!r} and no end)"
     if not text:
         return "(empty answer)"
-    if text != text.strip() or not text.isprintable():
-        return repr(text)
-    return text
+    if text.isdigit() or text == arithmetic.REFUSAL:
+        return text
+    return f"(malformed: {text!r})"  # neither a sum nor the sentence it was taught
 
 
 def reply(model, tok, question: str, *, temperature: float = 0.0, rng=None) -> str:

@@ -235,6 +235,8 @@ RUN_BY = {
         "tests/kit/test_text_wiring.py::test_demo_prompt_goes_through_the_lab_tokenizer_without_transformers",
     "uv run python -m gptkit.assistant":
         "tests/kit/test_assistant_pipeline.py::test_the_quick_pipeline_learns_and_the_chat_command_answers_from_its_model",
+    "uv run python -m gptkit.assistant --quick":
+        "tests/kit/test_assistant_pipeline.py::test_the_quick_pipeline_learns_and_the_chat_command_answers_from_its_model",
     "uv run python -m gptkit.chat":
         "tests/kit/test_assistant_pipeline.py::test_the_quick_pipeline_learns_and_the_chat_command_answers_from_its_model",
     "uv run pytest --impl=solutions": ".ci/run",
