@@ -1,26 +1,38 @@
-"""The assistant (lab 11): the pipeline's accuracies, and the time of one RL step in NumPy
-against the same step in PyTorch CPU eager, on the same thread count.
+"""The assistant (lab 11): the pipeline's figures over several seeds and BLAS thread
+counts, each as a mean and a range, and the time of one RL step in NumPy against the same
+step in PyTorch CPU eager, measured in the same run.
 
-    uv run --extra torch python benchmarks/bench_assistant.py [--threads N] [--rl-steps 150] [--steps 10] [--tiny]
+    uv run --extra torch python benchmarks/bench_assistant.py [--seeds 0,1,2] [--thread-counts 1,2]
+        [--quick | --tiny] [--steps 10] [--write]
 
-First it runs ``python -m gptkit.assistant``'s pipeline on the reference code, at its
-default sizes (``--rl-steps`` and ``--sft-steps`` change those two): SFT from random
-weights, RL (GRPO's form) and DPO from the SFT model, each scored on the same held-out
-addition problems, greedy. Then it times RL steps from the SFT model: the reference's step
-(``gptkit.assistant.rl_batch`` and ``rl_update``: a group sampled per question with lab 06's
-cached generation, rewards, advantages, the reference model's and the sampling policy's
+For each thread count and seed, a process of its own (its BLAS threads set before NumPy
+loads) runs ``python -m gptkit.assistant``'s pipeline on the reference code at its default
+sizes (``--quick``: the pipeline's ``--quick`` sizes; ``--tiny``: checks this script,
+measures nothing): SFT on the fixed demonstrations, then RL and DPO from the SFT model,
+each scored greedily on the same held-out problems, phrasings and off-task questions. Then,
+in the same process, it times RL steps from the SFT model: the pipeline's step
+(``gptkit.assistant.rl_batch`` and ``rl_update``: answers sampled with lab 06's cached
+generation, one batch per prompt length, rewards, advantages, the sampling policy's
 log-probabilities, the GRPO loss, lab 07's backward, clipping and AdamW) against the same
 step written here in PyTorch (the same GPT, a KV cache of its own, ``torch.multinomial``,
 autograd, ``clip_grad_norm_``, ``torch.optim.AdamW``), on the same questions, with the same
-settings. The two take turns, step by step, each after ``common.PAUSE`` of idle, and the
-median of ``--steps`` steps counts. Their samples differ (two random generators), so a
-step's time includes however many tokens its own samples took.
+settings, on the same thread count. The two take turns, step by step, each after
+``common.PAUSE`` of idle, and the median of ``--steps`` steps counts. Their samples differ
+(two random generators), so a step's time includes however many tokens its own samples
+took.
+
+The report's table gives each figure's mean and range (lowest – highest) over the seeds,
+per thread count; ``--write`` also puts that table into docs/11_assistant.md between its
+``bench_assistant`` markers, which is where the lab's docs quote their figures from.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import datetime
+import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -79,8 +91,9 @@ class TorchGPT:
 
 
 class TorchRL:
-    """The pipeline's RL step in PyTorch: the same sampling, reward, advantages, loss and
-    optimizer settings as ``gptkit.assistant`` with the reference labs."""
+    """The pipeline's RL step in PyTorch: the same sampling (one batch per prompt length),
+    reward, advantages, loss and optimizer settings as ``gptkit.assistant`` with the
+    reference labs."""
 
     def __init__(self, labs, s, policy_state: dict, reference_state: dict, num_heads: int, eps: float, seed: int):
         import torch
@@ -91,12 +104,13 @@ class TorchRL:
         self.opt = torch.optim.AdamW(list(self.policy.p.values()), lr=s.rl_lr, betas=(0.9, 0.99), weight_decay=0.0)
         self.gen = torch.Generator().manual_seed(seed)
 
-    def sample_group(self, prompt: np.ndarray, max_new: int):
+    def sample(self, prompts: np.ndarray, max_new: int):
+        """Answers sampled to (B, T) prompts of one length, with a KV cache, ending at END."""
         import torch
 
-        G, end = self.s.group, self.labs.end_id
-        out = torch.from_numpy(np.repeat(prompt[None, :], G, axis=0))
-        finished = torch.zeros(G, dtype=torch.bool)
+        end = self.labs.end_id
+        out = torch.from_numpy(prompts)
+        finished = torch.zeros(len(prompts), dtype=torch.bool)
         cache: list = []
         new = out
         with torch.no_grad():
@@ -114,23 +128,25 @@ class TorchRL:
     def step(self, problems, max_new: int) -> None:
         import torch
 
-        A, labs, s = self.labs.assistant, self.labs, self.s
-        rows, masks, rewards = [], [], []
+        labs, s, G = self.labs, self.s, self.s.group
+        by_length: dict[int, list] = {}
         for prob in problems:
-            prompt = labs.prompt(prob)
-            seqs = self.sample_group(prompt, max_new)
-            group = []
-            for row in seqs:  # the reward: the answer up to the first END, exactly
-                said = [int(t) for t in row[len(prompt):]]
-                done = labs.end_id in said
-                group.append(float(done and labs.tok.decode(said[:said.index(labs.end_id)]) == prob.answer))
-            rewards.append(group)
-            keep = np.zeros(seqs.shape, dtype=bool)  # the answer, up to and with its first END
-            for g, row in enumerate(seqs):
-                ends = np.flatnonzero(row[len(prompt):] == labs.end_id)
-                keep[g, len(prompt):len(prompt) + (ends[0] + 1 if len(ends) else seqs.shape[1])] = True
-            rows.extend(seqs)
-            masks.extend(keep)
+            by_length.setdefault(len(labs.prompt(prob)), []).append(prob)
+        rows, masks, rewards = [], [], []
+        for n, probs in sorted(by_length.items()):
+            seqs = self.sample(np.repeat(np.stack([labs.prompt(p) for p in probs]), G, axis=0), max_new)
+            for k, prob in enumerate(probs):
+                group = []
+                for row in seqs[k * G:(k + 1) * G]:  # the reward: the answer up to the first END, exactly
+                    said = [int(t) for t in row[n:]]
+                    done = labs.end_id in said
+                    group.append(float(done and labs.tok.decode(said[:said.index(labs.end_id)]) == prob.answer))
+                    keep = np.zeros(len(row), dtype=bool)  # the answer, up to and with its first END
+                    ends = np.flatnonzero(row[n:] == labs.end_id)
+                    keep[n:n + (ends[0] + 1 if len(ends) else len(row))] = True
+                    rows.append(row)
+                    masks.append(keep)
+                rewards.append(group)
         r = torch.tensor(rewards)
         std = r.std(dim=1, unbiased=False, keepdim=True)
         adv = torch.where(std > 0, (r - r.mean(dim=1, keepdim=True)) / (std + 1e-6), torch.zeros_like(r)).reshape(-1)
@@ -141,13 +157,13 @@ class TorchRL:
             ids[i, :len(x)] = torch.from_numpy(x)
             mask[i, :len(m)] = torch.from_numpy(m)
         with torch.no_grad():
-            logp_old, logp_ref = self.logp(self.policy, ids), self.logp(self.reference, ids)
-        for _ in range(s.epochs):
-            loss = self.loss(ids, mask, adv, logp_old, logp_ref)
-            self.opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(list(self.policy.p.values()), 1.0)
-            self.opt.step()
+            logp_old = self.logp(self.policy, ids)
+            logp_ref = self.logp(self.reference, ids) if s.kl_coef > 0 else logp_old
+        loss = self.loss(ids, mask, adv, logp_old, logp_ref)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(self.policy.p.values()), 1.0)
+        self.opt.step()
 
     @staticmethod
     def logp(model, ids):
@@ -171,107 +187,189 @@ class TorchRL:
         return -(objective * scored).sum() / scored.sum()
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--threads", type=int, default=THREADS)
-    p.add_argument("--sft-steps", type=int, default=None, help="SFT steps (default: the pipeline's)")
-    p.add_argument("--rl-steps", type=int, default=None, help="RL steps (default: the pipeline's)")
-    p.add_argument("--steps", type=int, default=10, help="RL steps timed in each implementation (default 10)")
-    p.add_argument("--tiny", action="store_true", help="the pipeline's --tiny sizes: checks this script, measures nothing")
-    args = p.parse_args()
+DOC = common.ROOT / "docs" / "11_assistant.md"
+BEGIN, END = "<!-- BEGIN bench_assistant table -->", "<!-- END bench_assistant table -->"
 
+
+def one(seed: int, threads: int, size: str, steps: int) -> dict:
+    """The pipeline at ``size`` with ``seed``, then ``steps`` timed RL steps each way, in this
+    process (its threads were set before NumPy loaded)."""
     common.use_reference_solutions()
     from gptkit import assistant as pipe
 
-    s = pipe.TINY if args.tiny else pipe.Settings()
-    s = replace(s, **{k: v for k, v in (("sft_steps", args.sft_steps), ("rl_steps", args.rl_steps)) if v is not None})
-    load_before = _load()
-    start = time.perf_counter()
+    s = {"default": pipe.Settings(), "quick": pipe.QUICK, "tiny": pipe.TINY}[size]
+    s = replace(s, seed=seed)
     with tempfile.TemporaryDirectory() as tmp:
-        r = pipe.pipeline(s, Path(tmp), log=lambda line: print(line, file=sys.stderr, flush=True))
-        total = time.perf_counter() - start  # the peak memory above is the pipeline's: PyTorch is not loaded yet
+        r = pipe.pipeline(s, Path(tmp), log=lambda line: print(f"seed {seed}, {threads} thr:{line}", file=sys.stderr,
+                                                                 flush=True))
         import gpt2_weights
 
         model = gpt2_weights.load_gpt2(Path(tmp) / "sft").eval()  # the RL steps timed below start from it
 
     import torch
 
-    torch.set_num_threads(args.threads)
-    common.print_machine(args.threads)
-
-    a, b, c = r["sft_accuracy"], r["rl_accuracy"], r["dpo_accuracy"]
-    print(f"Addition of two numbers up to {pipe.arithmetic.MAX_OPERAND} as chat, {r['held_out']} held-out problems "
-          f"scored greedily; a GPT of {s.layers} layers, width {s.d_model}, {s.heads} heads.")
-    print()
-    common.print_table(["phase", "held-out accuracy", "change from SFT", "steps", "time"], [
-        ["SFT from random weights", f"{a:.1f} %", "", f"{s.sft_steps} of {s.sft_batch} problems",
-         f"{r['sft_seconds']:.0f} s"],
-        ["RL (GRPO form) from SFT", f"{b:.1f} %", f"{b - a:+.1f} points",
-         f"{s.rl_steps} of {s.prompts} questions × {s.group} answers", f"{r['rl_seconds']:.0f} s"],
-        ["DPO from SFT", f"{c:.1f} %", f"{c - a:+.1f} points",
-         f"{s.dpo_steps} of {s.dpo_batch} pairs ({r['dpo_pairs']} pairs)", f"{r['dpo_seconds']:.0f} s"],
-    ])
-    print("Accuracy curves (step: held-out accuracy %):")
-    print()
-    for name in ("sft", "rl", "dpo"):
-        print(f"- {name.upper()}: " + ", ".join(f"{step}: {acc:.1f}" for step, acc in r[f"{name}_curve"]))
-    print()
-    print(f"Peak memory of the pipeline's process: {r['peak_memory_mb']:.0f} MB; the whole pipeline took "
-          f"{total / 60:.1f} minutes (load average {load_before} before it started).")
-    print()
-
-    # -- one RL step, NumPy against PyTorch, from the SFT model ---------------------------------
+    torch.set_num_threads(threads)
     labs = pipe.Labs()
-    held = pipe.arithmetic.held_out(s.seed, s.held_out)
-    reference = copy.deepcopy(model)
-    policy = copy.deepcopy(model)
+    held = pipe.arithmetic.held_out(s.seed, s.held_out, top=s.max_operand)
+    reference, policy = copy.deepcopy(model), copy.deepcopy(model)
     opt = labs.training.AdamW(policy.state_dict(), lr=s.rl_lr, betas=(0.9, 0.99), weight_decay=0.0)
     theirs = TorchRL(labs, s, model.state_dict(), reference.state_dict(), s.heads, model.ln_f.eps, s.seed)
-    stream = pipe.arithmetic.TrainingProblems(s.seed, 2, held)
+    stream = pipe.arithmetic.TrainingProblems(s.seed, 2, held, s.max_operand)
     rng = np.random.default_rng([s.seed, 20])
-
-    def ours_step(problems):
-        ids, mask, adv, _ = pipe.rl_batch(labs, s, policy, problems, rng)
-        pipe.rl_update(labs, s, policy, reference, opt, ids, mask, adv)
 
     # The same loss and gradients on one batch, before either side has stepped.
     ids, mask, adv, _ = pipe.rl_batch(labs, s, policy, stream.draw(s.prompts), rng)
     A = labs.assistant
-    logp_old, logp_ref = A.token_logprobs(policy, ids), A.token_logprobs(reference, ids)
-    loss, grads = A.rl_loss_and_grads(policy, ids, mask, logp_old, logp_ref, adv, clip_eps=s.clip_eps,
+    logp_old = A.token_logprobs(policy, ids)
+    loss, grads = A.rl_loss_and_grads(policy, ids, mask, logp_old, logp_old, adv, clip_eps=s.clip_eps,
                                       kl_coef=s.kl_coef)
     their_loss = theirs.loss(torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(adv),
-                             torch.from_numpy(logp_old), torch.from_numpy(logp_ref))
+                             torch.from_numpy(logp_old), torch.from_numpy(logp_old))
     their_loss.backward()
     diff = max(float(np.abs(g - theirs.policy.p[k].grad.numpy()).max()) for k, g in grads.items())
     scale = max(float(np.abs(g).max()) for g in grads.values())
     theirs.opt.zero_grad(set_to_none=True)
 
-    times: dict[str, list[float]] = {"NumPy (reference labs)": [], "PyTorch eager": []}
-    for i in range(args.steps + 1):  # the first step of each is a warm-up
+    def ours(problems):
+        ids, mask, adv, _ = pipe.rl_batch(labs, s, policy, problems, rng)
+        pipe.rl_update(labs, s, policy, reference, opt, ids, mask, adv)
+
+    times: dict[str, list[float]] = {"numpy": [], "torch": []}
+    for i in range(steps + 1):  # the first step of each is a warm-up
         problems = stream.draw(s.prompts)
-        for name, fn in (("NumPy (reference labs)", lambda: ours_step(problems)),
-                         ("PyTorch eager", lambda: theirs.step(problems, pipe.MAX_NEW_TOKENS))):
+        for name, fn in (("numpy", lambda: ours(problems)),
+                         ("torch", lambda: theirs.step(problems, pipe.MAX_NEW_TOKENS))):
             time.sleep(common.PAUSE)
             t0 = time.perf_counter()
             fn()
             if i:
                 times[name].append(time.perf_counter() - t0)
-    med = {name: float(np.median(t)) for name, t in times.items()}
-    ratio = med["NumPy (reference labs)"] / med["PyTorch eager"]
-    print(f"One RL step ({s.prompts} questions × {s.group} sampled answers, then {s.epochs} update), median of "
-          f"{args.steps} steps each, taking turns, {common.threads(args.threads)}:")
+    r["step_ms"] = {name: 1000 * float(np.median(t)) for name, t in times.items()}
+    r["grad_gap"] = diff / scale if scale > 0 else diff
+    r["loss_pair"] = [float(loss), float(their_loss.detach())]
+    return r
+
+
+def _figures(r: dict) -> dict[str, float]:
+    """The figures one run gives, by the table's row names."""
+    f = {"SFT at its last step: held-out accuracy (%)": r["sft"]["accuracy"],
+         "SFT best point of its curve (%)": max(a for _, a in r["sft_curve"])}
+    if "rl" in r:
+        f |= {"RL: held-out accuracy (%)": r["rl"]["accuracy"],
+              "RL gain over SFT's last step (points)": r["rl"]["accuracy"] - r["sft"]["accuracy"],
+              "RL: held-out phrasings (%)": r["rl"]["held_out_phrasings"],
+              "RL: worst single phrasing (%)": min(r["rl"]["phrasings"].values()),
+              "RL: off-task answered with the sentence (%)": r["rl"]["off_task"]}
+    if "dpo" in r:
+        f |= {"DPO: held-out accuracy (%)": r["dpo"]["accuracy"],
+              "DPO gain over SFT's last step (points)": r["dpo"]["accuracy"] - r["sft"]["accuracy"],
+              "DPO: held-out phrasings (%)": r["dpo"]["held_out_phrasings"],
+              "DPO: off-task answered with the sentence (%)": r["dpo"]["off_task"],
+              "DPO pairs from the SFT model's samples": r["dpo_pairs"]}
+    f |= {"SFT: off-task answered with the sentence (%)": r["sft"]["off_task"],
+          "RL step, NumPy (ms)": r["step_ms"]["numpy"], "RL step, PyTorch (ms)": r["step_ms"]["torch"],
+          "RL step, NumPy ÷ PyTorch": r["step_ms"]["numpy"] / r["step_ms"]["torch"],
+          "whole pipeline (minutes, loaded machine)": r["total_seconds"] / 60}
+    return f
+
+
+def _cell(values: list[float]) -> str:
+    digits = 2 if max(abs(v) for v in values) < 10 else 1 if max(abs(v) for v in values) < 1000 else 0
+    mean = f"{np.mean(values):.{digits}f}"
+    return mean if len(values) == 1 else f"{mean} ({min(values):.{digits}f} – {max(values):.{digits}f})"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", default="0,1,2", help="the pipeline's seeds (default 0,1,2)")
+    p.add_argument("--thread-counts", default="1,2", help="BLAS and PyTorch thread counts (default 1,2)")
+    p.add_argument("--threads", type=int, default=THREADS, help="(set by each run's own process)")
+    p.add_argument("--steps", type=int, default=10, help="RL steps timed in each implementation (default 10)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="the pipeline's --quick sizes")
+    size.add_argument("--tiny", action="store_true", help="the pipeline's --tiny sizes: checks this script, measures nothing")
+    p.add_argument("--write", action="store_true", help="put the table into docs/11_assistant.md")
+    p.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # one run, in a process of its own
+    args = p.parse_args()
+    size = "tiny" if args.tiny else "quick" if args.quick else "default"
+    if args.one is not None:
+        print("RESULT " + json.dumps(one(args.one, args.threads, size, args.steps)), flush=True)
+        return
+
+    seeds = [int(x) for x in args.seeds.split(",")]
+    counts = [int(x) for x in args.thread_counts.split(",")]
+    load_before = _load()
+    start = time.perf_counter()
+    runs: dict[int, list[dict]] = {}
+    for n in counts:
+        for seed in seeds:
+            cmd = [sys.executable, __file__, "--one", str(seed), "--threads", str(n), "--steps", str(args.steps)]
+            cmd += ["--quick"] if args.quick else ["--tiny"] if args.tiny else []
+            done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
+            line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")][-1]
+            runs.setdefault(n, []).append(json.loads(line[len("RESULT "):]))
+    total = time.perf_counter() - start
+    load_after = _load()
+
+    import torch
+
+    common.print_machine(counts[-1])
+    from gptkit import assistant as pipe
+
+    s = runs[counts[0]][0]["settings"]
+    flag = {"default": "", "quick": " --quick", "tiny": " --tiny"}[size]
+    what = (f"`benchmarks/bench_assistant.py{flag} --seeds {args.seeds} --thread-counts {args.thread_counts} "
+            f"--steps {args.steps}`")
+    lines = [f"Generated {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC by {what} in "
+             f"{total / 60:.0f} minutes, on {common.machine()}, torch {torch.__version__}, numpy {np.__version__}; "
+             f"load average {load_before} before, {load_after} after (other work shared the machine: times are "
+             f"slower than on an idle one, accuracies are not affected).",
+             "",
+             f"The pipeline{flag or ''} (`python -m gptkit.assistant --impl solutions{flag} --seed S`), sizes: "
+             f"numbers up to {s['max_operand']}, a GPT of {s['layers']} layers, width {s['d_model']}, "
+             f"{s['heads']} heads; SFT {s['sft_steps']} steps of {s['sft_batch']} on {s['demos']} additions and "
+             f"{s['off_task_demos']} off-task demonstrations; RL and DPO {s['rl_steps']} steps of "
+             f"{s['prompts']} questions × {s['group']} answers. Held out: {runs[counts[0]][0]['held_out']} "
+             f"problems over {len(pipe.arithmetic.PHRASINGS)} phrasings ({len(pipe.arithmetic.HELD_OUT_PHRASINGS)} "
+             f"never trained on) and {runs[counts[0]][0]['off_task_held_out']} off-task questions, greedy. "
+             f"Each cell: the mean over seeds {args.seeds} (lowest – highest).",
+             ""]
+    names = list(_figures(runs[counts[0]][0]))
+    lines.append("| figure | " + " | ".join(f"{common.threads(n)}" for n in counts) + " |")
+    lines.append("| --- |" + " --- |" * len(counts))
+    for name in names:
+        lines.append(f"| {name} | " + " | ".join(_cell([_figures(r)[name] for r in runs[n]]) for n in counts) + " |")
+    table = "\n".join(lines)
+    print(table)
     print()
-    common.print_table(["implementation", "ms per RL step", "× PyTorch"],
-                       [[name, f"{1000 * t:.0f}", f"{t / med['PyTorch eager']:.2f}"] for name, t in med.items()])
-    gap = f"{diff / scale:.1e} of the largest gradient" if scale > 0 else f"{diff:.1e} (every gradient is 0)"
-    print(f"The two steps compute the same thing: on one batch ({ids.shape[0]} sequences) the losses are "
-          f"{float(loss):.6f} (NumPy) and {float(their_loss):.6f} (PyTorch), and the gradients differ by at most "
-          f"{gap}.")
+    gaps = [r["grad_gap"] for rs in runs.values() for r in rs]
+    print(f"NumPy's and PyTorch's RL step compute the same thing: on one sampled batch per run, the gradients differ "
+          f"by at most {max(gaps):.1e} of the largest gradient.")
     print()
-    common.print_summary(f"lab 11's assistant learns addition: SFT {a:.1f} % → RL {b:.1f} % ({b - a:+.1f} points), "
-                         f"DPO {c:.1f} %; an RL step takes {ratio:.2f}× PyTorch's time "
-                         f"({common.threads(args.threads)})")
+    print("Each run's curves (step: held-out accuracy %):")
+    print()
+    for n in counts:
+        for seed, r in zip(seeds, runs[n]):
+            for stage in ("sft", "rl", "dpo"):
+                if f"{stage}_curve" in r:
+                    print(f"- seed {seed}, {common.threads(n)}, {stage.upper()}: "
+                          + ", ".join(f"{st}: {acc:.1f}" for st, acc in r[f"{stage}_curve"]))
+    print()
+    if args.write:
+        text = DOC.read_text(encoding="utf-8")
+        if BEGIN not in text or END not in text:
+            raise SystemExit(f"{DOC.name} has no {BEGIN} … {END} block to write the table into")
+        head, rest = text.split(BEGIN, 1)
+        DOC.write_text(head + BEGIN + "\n" + table + "\n" + END + rest.split(END, 1)[1], encoding="utf-8")
+        print(f"wrote the table into docs/{DOC.name}")
+    f = {n: [_figures(r) for r in runs[n]] for n in counts}
+    key = counts[0]
+    common.print_summary(
+        f"lab 11's assistant ({size} sizes, seeds {args.seeds}, {common.threads(key)}): SFT at its last step "
+        f"{_cell([x['SFT at its last step: held-out accuracy (%)'] for x in f[key]])} % → RL "
+        f"{_cell([x['RL: held-out accuracy (%)'] for x in f[key]])} %, DPO "
+        f"{_cell([x['DPO: held-out accuracy (%)'] for x in f[key]])} %; an RL step takes "
+        f"{_cell([x['RL step, NumPy ÷ PyTorch'] for x in f[key]])}× PyTorch's time")
 
 
 def _load() -> str:

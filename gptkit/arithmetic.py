@@ -1,44 +1,97 @@
-"""The task lab 11's assistant learns: adding two whole numbers, posed as chat.
+"""The task lab 11's assistant learns: adding two whole numbers, asked in several ways, and
+saying what it can do when asked anything else.
 
-    <|user|>What is 347+85?<|assistant|>432<|end|>
+    <|user|>What is 27 + 15?<|assistant|>42<|end|>
+    <|user|>add 27 and 15<|assistant|>42<|end|>
+    <|user|>who are you?<|assistant|>I can only add two numbers.<|end|>
 
 The answer is checked exactly (a verifiable reward), the problems are endless and cheap to
 make, and a small GPT learns them on two CPU cores in minutes. Both numbers are drawn
-uniformly from 0 … ``MAX_OPERAND`` (99: two digits at most, 10,000 problems in all); the
-answer is their sum in decimal, no spaces.
+uniformly from 0 … ``MAX_OPERAND`` (49); the answer is their sum in decimal, no spaces.
 
-Held-out problems never appear in training: ``split(seed)`` draws ``HELD_OUT`` distinct
-pairs for evaluation from a generator seeded with ``seed``, and ``TrainingProblems`` draws
-training pairs from its own generator, redrawing any pair that is held out. The same seed
-gives the same problems on every machine (NumPy's PCG64 generator).
+**Phrasings.** A question is one of ``PHRASINGS`` filled in with the two numbers.
+``TRAIN_PHRASINGS`` are the ones training ever shows; ``HELD_OUT_PHRASINGS`` never appear in
+training and measure whether the model reads numbers in a wording it has not seen. Every
+question goes through ``normalise`` (outer spaces dropped, runs of spaces made one), in
+training and in the chat alike.
+
+**Off-task questions.** ``OFF_TASK_TRAIN`` and ``OFF_TASK_HELD_OUT`` are questions that are not
+additions (disjoint lists); the right answer to each is ``REFUSAL``, one fixed sentence.
+
+**Held-out problems** never appear in training: ``held_out(seed)`` draws distinct pairs for
+evaluation from a generator seeded with ``seed``, each asked in one phrasing (in turn over
+all of ``PHRASINGS``), and ``TrainingProblems`` draws training pairs from its own generator,
+redrawing any pair that is held out. The same seed gives the same problems on every machine
+(NumPy's PCG64 generator).
 
 Tokens: ``tokenizer(Tokenizer)`` makes a lab-10 ``Tokenizer`` with the 256 single bytes as
 its vocabulary, no merges, and lab 11's chat tokens as specials (ids 256, 257, 258): every
-character of a problem is one token, so the model sees each digit on its own, and nothing
-needs to be trained or shipped.
+character is one token, so the model sees each digit on its own, and nothing needs to be
+trained or shipped.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
-MAX_OPERAND = 99
+MAX_OPERAND = 49
 HELD_OUT = 400
 CHAT_TOKENS = ("<|user|>", "<|assistant|>", "<|end|>")  # lab 11's USER, ASSISTANT, END
+REFUSAL = "I can only add two numbers."
+
+TRAIN_PHRASINGS = (
+    "What is {a}+{b}?",
+    "What is {a} + {b}?",
+    "{a}+{b}",
+    "{a} plus {b}",
+    "add {a} and {b}",
+    "what is {a} plus {b}?",
+)
+HELD_OUT_PHRASINGS = (
+    "{a} + {b}",
+    "What is {a} plus {b}?",
+    "add {a} and {b}?",
+)
+PHRASINGS = TRAIN_PHRASINGS + HELD_OUT_PHRASINGS
+
+_COUNTRIES = ("France", "Peru", "Japan", "Kenya", "Norway", "Chile", "Egypt", "India", "Spain", "Canada")
+_THINGS = ("the sea", "a cat", "the moon", "rain", "bread", "music", "a tree", "winter", "coffee", "the sun")
+_NAMES = ("Ada", "Alan", "Marie", "Isaac", "Grace", "Linus", "Emmy", "Carl", "Rosa", "Niels")
+_TRAIN_TEMPLATES = (
+    "hello", "hi", "hi there", "who are you?", "Who are you?", "what can you do?", "How are you?", "thanks",
+    "tell me a joke", "what is your name?", "What time is it?", "help", "good night", "ok",
+    "what is the capital of {country}?", "write a poem about {thing}", "tell me about {thing}",
+    "who is {name}?", "What is {thing}?", "I like {thing}", "where is {country}?", "say hi to {name}",
+    "what is {a} times {b}?", "{a} minus {b}", "multiply {a} by {b}", "what is {a}?", "{a}", "is {a} big?",
+)
+_HELD_OUT_TEMPLATES = (
+    "Hello!", "good morning", "can you help me?", "what are you?", "Who made you?", "bye",
+    "what is the weather in {country}?", "explain {thing}", "Do you know {name}?", "draw {thing}",
+    "what is {a} divided by {b}?", "subtract {a} from {b}", "how old is {name}?", "why is {thing} nice?",
+)
+
+
+def normalise(text: str) -> str:
+    """A question as training renders it: outer whitespace dropped, each run of whitespace
+    inside made one space. The chat sends what it reads through this too."""
+    return re.sub(r"\s+", " ", text).strip()
 
 
 @dataclass(frozen=True)
 class Problem:
-    """One addition: ``question`` (the user's text) and ``answer`` (the exact reply)."""
+    """One addition: the numbers ``a`` and ``b`` asked in ``phrasing`` (a template with
+    ``{a}`` and ``{b}``); ``question`` (the user's text) and ``answer`` (the exact reply)."""
 
     a: int
     b: int
+    phrasing: str = TRAIN_PHRASINGS[0]
 
     @property
     def question(self) -> str:
-        return f"What is {self.a}+{self.b}?"
+        return normalise(self.phrasing.format(a=self.a, b=self.b))
 
     @property
     def answer(self) -> str:
@@ -53,6 +106,28 @@ class Problem:
         return turns
 
 
+@dataclass(frozen=True)
+class OffTask:
+    """A question that is not an addition; its one right answer is ``REFUSAL``."""
+
+    question: str
+
+    answer = REFUSAL
+    messages = Problem.messages
+
+
+def _fill(template: str, rng: np.random.Generator) -> str:
+    a, b = (int(x) for x in rng.integers(0, 100, size=2))  # numbers in off-task questions: up to 99
+    return normalise(template.format(a=a, b=b, country=_COUNTRIES[rng.integers(len(_COUNTRIES))],
+                                     thing=_THINGS[rng.integers(len(_THINGS))], name=_NAMES[rng.integers(len(_NAMES))]))
+
+
+def off_task(rng: np.random.Generator, n: int, *, held_out: bool = False) -> list[OffTask]:
+    """``n`` off-task questions from the training templates (or the held-out ones)."""
+    templates = _HELD_OUT_TEMPLATES if held_out else _TRAIN_TEMPLATES
+    return [OffTask(_fill(templates[i % len(templates)], rng)) for i in rng.permutation(max(n, len(templates)))[:n]]
+
+
 def tokenizer(tokenizer_class):
     """A byte-level lab-10 ``Tokenizer`` (``tokenizer_class``, the bound tree's) with no
     merges and the chat tokens as specials: 259 ids, one per character."""
@@ -60,52 +135,63 @@ def tokenizer(tokenizer_class):
     return tokenizer_class(vocab, [], special_tokens=CHAT_TOKENS)
 
 
-def _pairs(rng: np.random.Generator, n: int) -> np.ndarray:
-    return rng.integers(0, MAX_OPERAND + 1, size=(n, 2))
+def _pairs(rng: np.random.Generator, n: int, top: int) -> np.ndarray:
+    return rng.integers(0, top + 1, size=(n, 2))
 
 
-def held_out(seed: int, n: int = HELD_OUT) -> list[Problem]:
-    """``n`` distinct problems kept for evaluation, the same for a given seed."""
-    limit = (MAX_OPERAND + 1) ** 2 // 2
+def held_out(seed: int, n: int = HELD_OUT, phrasings: tuple[str, ...] = PHRASINGS, top: int = MAX_OPERAND
+             ) -> list[Problem]:
+    """``n`` distinct problems with numbers up to ``top`` kept for evaluation, the same for a
+    given seed; problem i is asked in ``phrasings[i % len(phrasings)]``."""
+    limit = (top + 1) ** 2 // 2
     if not 1 <= n <= limit:
         raise ValueError(f"the held-out set holds 1 … {limit} problems (half of them all at most), got {n}")
     rng = np.random.default_rng([seed, 0])
     seen: dict[tuple[int, int], None] = {}
     while len(seen) < n:
-        for a, b in _pairs(rng, n):
+        for a, b in _pairs(rng, n, top):
             seen.setdefault((int(a), int(b)))
             if len(seen) == n:
                 break
-    return [Problem(a, b) for a, b in seen]
+    return [Problem(a, b, phrasings[i % len(phrasings)]) for i, (a, b) in enumerate(seen)]
+
+
+def held_out_off_task(seed: int, n: int = 60) -> list[OffTask]:
+    """``n`` off-task questions from templates training never uses."""
+    return off_task(np.random.default_rng([seed, 5]), n, held_out=True)
 
 
 class TrainingProblems:
-    """An endless, seeded stream of training problems, none of them in ``held_out(seed)``.
+    """An endless, seeded stream of training problems, none of them in ``held_out(seed)``,
+    each asked in one of ``TRAIN_PHRASINGS`` drawn at random.
 
     ``draw(n)`` returns the next ``n`` problems; a ``stream`` number gives an independent
-    stream from the same seed (the pipeline uses one for SFT, one for RL, one for DPO).
+    stream from the same seed (the pipeline uses one for SFT, one for RL, one for DPO);
+    ``top`` is the largest number drawn.
     """
 
-    def __init__(self, seed: int, stream: int = 1, held: list[Problem] | None = None):
-        self._rng = np.random.default_rng([seed, stream])
+    def __init__(self, seed: int, stream: int = 1, held: list[Problem] | None = None, top: int = MAX_OPERAND):
+        self._rng, self._top = np.random.default_rng([seed, stream]), top
+        self._phrasing = np.random.default_rng([seed, stream, 1])  # its own: draw(n) then draw(m) is draw(n + m)
         self._held = {(p.a, p.b) for p in (held if held is not None else held_out(seed))}
 
     def draw(self, n: int) -> list[Problem]:
         out: list[Problem] = []
         while len(out) < n:
-            for a, b in _pairs(self._rng, n - len(out)):
+            for a, b in _pairs(self._rng, n - len(out), self._top):
                 if (int(a), int(b)) not in self._held:
-                    out.append(Problem(int(a), int(b)))
+                    phrasing = TRAIN_PHRASINGS[int(self._phrasing.integers(len(TRAIN_PHRASINGS)))]
+                    out.append(Problem(int(a), int(b), phrasing))
         return out
 
 
 def parse_question(text: str) -> Problem | None:
-    """The problem a typed question asks (``What is 12+34?``, or just ``12+34``), or None."""
-    body = text.strip()
-    if body.lower().startswith("what is"):
-        body = body[7:]
-    body = body.strip().rstrip("?").strip()
-    left, plus, right = body.partition("+")
-    if not plus or not left.strip().isdigit() or not right.strip().isdigit():
-        return None
-    return Problem(int(left), int(right))
+    """The problem a typed question asks in any of ``PHRASINGS`` (spaces aside), or None."""
+    body = normalise(text)
+    for phrasing in PHRASINGS:
+        pattern = re.escape(normalise(phrasing)).replace(r"\{a\}", r"(\d+)").replace(r"\{b\}", r"(\d+)")
+        pattern = pattern.replace(r"\ ", r"\s*").replace(r"\+", r"\s*\+\s*")
+        m = re.fullmatch(pattern, body)
+        if m:
+            return Problem(int(m.group(1)), int(m.group(2)), phrasing)
+    return None

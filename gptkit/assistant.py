@@ -1,33 +1,44 @@
 """Turn a small GPT into an assistant that adds numbers, with *your* lab 11 (and labs 01–10):
-supervised fine-tuning, then reinforcement learning from a verifiable reward (GRPO's form),
-and DPO from the same fine-tuned model, each measured on held-out problems.
+supervised fine-tuning on a few demonstrations, then reinforcement learning from a
+verifiable reward (GRPO's form), and DPO from the same fine-tuned model with the same
+budget, each measured on held-out problems.
 
     uv run python -m gptkit.assistant                    # your code, the default sizes (below)
     uv run python -m gptkit.assistant --impl solutions   # the reference code
+    uv run python -m gptkit.assistant --quick            # smaller sizes: shows the same story sooner
     uv run python -m gptkit.assistant --tiny             # a run of seconds: checks the plumbing only
 
-The task is ``gptkit.arithmetic``'s: ``<|user|>What is 347+85?<|assistant|>432<|end|>``,
-numbers up to 99, through a byte-level lab-10 tokenizer with the chat tokens.
+The task is ``gptkit.arithmetic``'s: additions of numbers up to 49 asked in several
+phrasings (``What is 27 + 15?``, ``27+15``, ``add 27 and 15``, ``27 plus 15``, …) and, for
+anything else, one fixed sentence (``I can only add two numbers.``), through a byte-level
+lab-10 tokenizer with the chat tokens.
 
 1. **SFT.** A GPT (lab 04) starts from random weights and learns from ``render_chat``'s
    conversations with ``sft_loss_and_grads`` (only the answer's tokens count), lab 07's
-   AdamW and clipping. It stops early on purpose (``--sft-steps``), when it is right on
-   some of the held-out problems but far from all, so that RL has room.
-2. **RL.** From the SFT model: each step samples ``--group`` answers to each of
-   ``--prompts`` training questions (``sample_group``, lab 06's cached generation at
-   temperature ``--temperature``), scores them (``reward``), normalises the rewards within
-   each question's group (``group_advantages``), and takes ``--epochs`` AdamW steps on
-   ``rl_loss_and_grads`` (clipped ratio to the sampling policy, k3 KL to the frozen SFT
-   model).
-3. **DPO.** From the same SFT model: pairs of a correct and a wrong answer sampled from it
-   to the same question, and ``dpo_loss_and_grads`` against the frozen SFT model.
+   AdamW and clipping, on a fixed, small set of demonstrations (``--demos`` additions and
+   ``--off-task-demos`` off-task questions), long enough that its held-out accuracy has
+   stopped rising (the curve shows the plateau).
+2. **RL.** From the SFT model: each step asks ``--prompts`` fresh training questions (no
+   written answers: only the checker), samples ``--group`` answers to each (lab 06's cached
+   generation at ``--temperature``, one call per prompt length), scores them (``reward``),
+   normalises the rewards within each question's group (``group_advantages``), and takes an
+   AdamW step on ``rl_loss_and_grads`` (clipped ratio to the sampling policy, k3 KL to the
+   frozen SFT model).
+3. **DPO.** From the same SFT model, with the same budget: as many answers sampled from
+   the SFT model (to as many fresh questions) as RL samples in all, paired into (right,
+   wrong) answers to the same question, and as many AdamW steps on
+   ``dpo_loss_and_grads`` as RL takes, each on as many sequences as an RL step.
 
 Accuracy is the share of the held-out problems (``gptkit.arithmetic.held_out``, never
-trained on) answered exactly, greedy (temperature 0). The run prints the accuracy curves,
-the time of each phase and the peak memory, and writes ``sft/``, ``rl/`` and ``dpo/`` (each
-a GPT-2 checkpoint: ``model.safetensors`` and ``config.json``) with ``results.json`` to
-``--out`` (default ``runs/assistant``), where ``python -m gptkit.chat`` finds the RL model.
-Every random draw comes from ``--seed``: a run repeats exactly on the same machine.
+trained on, asked in every phrasing, the held-out phrasings included) answered exactly,
+greedy (temperature 0); off-task is the share of held-out off-task questions answered with
+the fixed sentence. The run prints a progress line at least every ``PROGRESS_S`` seconds
+(stage, step, reward or accuracy, elapsed time, an estimate of the time left), then the
+curves, per-phrasing accuracies, the time of each phase and the peak memory, and writes
+``sft/``, ``rl/`` and ``dpo/`` (each a GPT-2 checkpoint: ``model.safetensors`` and
+``config.json``) with ``results.json`` to ``--out`` (default ``runs/assistant``), where
+``python -m gptkit.chat`` finds the RL model. Every random draw comes from ``--seed``: a
+run repeats exactly on the same machine with the same BLAS thread count.
 """
 
 from __future__ import annotations
@@ -47,7 +58,8 @@ from gptkit.command import run_command, use_impl
 from gptkit.testing.layout import KIT_ROOT
 
 OUT = KIT_ROOT / "runs" / "assistant"
-MAX_NEW_TOKENS = 4  # the longest answer, 198, is three digits, then END
+MAX_NEW_TOKENS = 4  # room for a three-digit sum (numbers up to 99 with --max-operand), then END
+PROGRESS_S = 20.0  # the longest quiet spell between progress lines (plus one step or evaluation)
 
 
 @dataclass(frozen=True)
@@ -55,33 +67,33 @@ class Settings:
     """Every size and rate of a run (the command line's defaults)."""
 
     seed: int = 0
+    max_operand: int = arithmetic.MAX_OPERAND
     d_model: int = 64
     layers: int = 2
     heads: int = 4
-    max_seq_len: int = 24
-    held_out: int = 400
-    sft_examples: int = 0
-    sft_steps: int = 600
+    max_seq_len: int = 64
+    held_out: int = 270
+    off_task_held_out: int = 60
+    demos: int = 1000
+    off_task_demos: int = 60
+    sft_steps: int = 800
     sft_batch: int = 32
     sft_lr: float = 3e-3
-    rl_steps: int = 150
-    prompts: int = 32
+    rl_steps: int = 300
+    prompts: int = 16
     group: int = 8
     temperature: float = 1.0
-    epochs: int = 1
-    rl_lr: float = 3e-4
+    rl_lr: float = 1e-3
     clip_eps: float = 0.2
-    kl_coef: float = 0.04
-    dpo_questions: int = 800
-    dpo_steps: int = 40
-    dpo_batch: int = 32
+    kl_coef: float = 0.0
     dpo_lr: float = 1e-4
-    beta: float = 0.2
-    eval_every: int = 25
+    beta: float = 0.1
+    eval_every: int = 50
 
 
-TINY = Settings(d_model=16, layers=1, heads=2, held_out=12, sft_steps=4, sft_batch=8, rl_steps=2, prompts=2,
-                group=3, dpo_questions=8, dpo_steps=2, dpo_batch=4, eval_every=1)
+QUICK = replace(Settings(), sft_steps=500, rl_steps=40, held_out=180, eval_every=50)
+TINY = Settings(d_model=16, layers=1, heads=2, held_out=18, off_task_held_out=4, demos=16, off_task_demos=4,
+                sft_steps=4, sft_batch=8, rl_steps=2, prompts=2, group=3, eval_every=1)
 
 
 class Labs:
@@ -97,20 +109,43 @@ class Labs:
         self.assistant, self.generation, self.gpt, self.training = assistant, generation, gpt, training
         self.tok = arithmetic.tokenizer(tokenizer.Tokenizer)
         self.end_id = assistant.special_id(self.tok, assistant.END)
-        self._prompts: dict[arithmetic.Problem, np.ndarray] = {}
-        self._chats: dict[arithmetic.Problem, tuple[np.ndarray, np.ndarray]] = {}
+        self._prompts: dict = {}
+        self._chats: dict = {}
 
-    def prompt(self, problem: arithmetic.Problem) -> np.ndarray:
+    def prompt(self, problem) -> np.ndarray:
         """``render_prompt`` of the problem's question (remembered: lab 10's encoder is slow)."""
         if problem not in self._prompts:
             self._prompts[problem] = self.assistant.render_prompt(self.tok, problem.messages(with_answer=False))
         return self._prompts[problem]
 
-    def chat(self, problem: arithmetic.Problem) -> tuple[np.ndarray, np.ndarray]:
+    def chat(self, problem) -> tuple[np.ndarray, np.ndarray]:
         """``render_chat`` of the question and its answer (remembered)."""
         if problem not in self._chats:
             self._chats[problem] = self.assistant.render_chat(self.tok, problem.messages())
         return self._chats[problem]
+
+
+class Progress:
+    """Progress lines for one stage: ``stage step/total  what  elapsed  ETA``, printed when
+    asked (``force``) or when ``PROGRESS_S`` seconds have passed since the last one."""
+
+    def __init__(self, log, stage: str, total: int, start: float):
+        self.log, self.stage, self.total, self.start = log, stage, total, start
+        self.t0 = self.last = time.perf_counter()
+
+    def __call__(self, step: int, what: str, force: bool = False) -> None:
+        now = time.perf_counter()
+        if not force and now - self.last < PROGRESS_S:
+            return
+        self.last = now
+        eta = (now - self.t0) / max(step, 1) * (self.total - step)
+        self.log(f"  [{self.stage} {step:4d}/{self.total}]  {what}  elapsed {_clock(now - self.start)}  "
+                 f"{self.stage} ETA {_clock(eta)}")
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}:{seconds % 60:02d}"
 
 
 def new_model(labs: Labs, s: Settings):
@@ -118,25 +153,44 @@ def new_model(labs: Labs, s: Settings):
                              rng=np.random.default_rng([s.seed, 10]))
 
 
-def answers(labs: Labs, model, problems, *, temperature: float = 0.0, rng=None) -> list[float]:
-    """Each problem's reward for one answer of ``model`` (greedy by default), batched by
-    prompt length (lab 06's ``generate`` takes prompts of one length at a time)."""
-    A = labs.assistant
+def generate_all(labs: Labs, model, problems, copies: int, max_new: int, *, temperature: float = 0.0, rng=None):
+    """``copies`` answers to each problem, as ``(prompt length, sequence)`` rows in problem
+    order (``copies`` rows per problem): lab 06's ``generate`` once per prompt length (it
+    takes prompts of one length at a time), ``<|end|>`` as the end token."""
     by_length: dict[int, list[int]] = {}
     for i, p in enumerate(problems):
         by_length.setdefault(len(labs.prompt(p)), []).append(i)
-    rewards = [0.0] * len(problems)
-    for length, rows in sorted(by_length.items()):
-        prompts = np.stack([labs.prompt(problems[i]) for i in rows])
-        out = labs.generation.generate(model, prompts, MAX_NEW_TOKENS, temperature=temperature, rng=rng,
+    rows: list = [None] * len(problems)
+    for length, members in sorted(by_length.items()):
+        prompts = np.repeat(np.stack([labs.prompt(problems[i]) for i in members]), copies, axis=0)
+        out = labs.generation.generate(model, prompts, max_new, temperature=temperature, rng=rng,
                                        eos_token_id=labs.end_id)
-        for row, i in enumerate(rows):
-            rewards[i] = A.reward(labs.tok, length, out[row], problems[i].answer)
-    return rewards
+        for k, i in enumerate(members):
+            rows[i] = out[k * copies:(k + 1) * copies]
+    return rows
+
+
+def answers(labs: Labs, model, problems, *, max_new: int = MAX_NEW_TOKENS) -> list[float]:
+    """Each problem's reward for the greedy answer of ``model``."""
+    A = labs.assistant
+    rows = generate_all(labs, model, problems, 1, max_new)
+    return [A.reward(labs.tok, len(labs.prompt(p)), seqs[0], p.answer) for p, seqs in zip(problems, rows)]
 
 
 def accuracy(labs: Labs, model, problems) -> float:
     return 100.0 * float(np.mean(answers(labs, model, problems)))
+
+
+def evaluate(labs: Labs, model, held, off) -> dict:
+    """Held-out accuracy overall and per phrasing, and the off-task share, greedy."""
+    right = answers(labs, model, held)
+    per = {ph: 100.0 * float(np.mean([r for p, r in zip(held, right) if p.phrasing == ph]))
+           for ph in arithmetic.PHRASINGS if any(p.phrasing == ph for p in held)}
+    unseen = [r for p, r in zip(held, right) if p.phrasing in arithmetic.HELD_OUT_PHRASINGS]
+    refusal = answers(labs, model, off, max_new=len(labs.tok.encode(arithmetic.REFUSAL)) + 1)
+    return {"accuracy": 100.0 * float(np.mean(right)), "phrasings": per,
+            "held_out_phrasings": 100.0 * float(np.mean(unseen)) if unseen else float("nan"),
+            "off_task": 100.0 * float(np.mean(refusal))}
 
 
 def _step(labs: Labs, opt, grads, lr: float) -> float:
@@ -146,106 +200,131 @@ def _step(labs: Labs, opt, grads, lr: float) -> float:
     return norm
 
 
-def sft(labs: Labs, s: Settings, model, held, log) -> list[tuple[int, float]]:
+def demonstrations(s: Settings, held) -> list:
+    """The SFT set: ``s.demos`` additions (training phrasings) and ``s.off_task_demos``
+    off-task questions, fixed for the run."""
+    pool: list = arithmetic.TrainingProblems(s.seed, 1, held, s.max_operand).draw(s.demos)
+    pool += arithmetic.off_task(np.random.default_rng([s.seed, 4]), s.off_task_demos)
+    return pool
+
+
+def sft(labs: Labs, s: Settings, model, held, log, start) -> list[tuple[int, float]]:
     """Supervised fine-tuning from scratch: ``s.sft_steps`` AdamW steps on batches drawn from
-    ``s.sft_examples`` training problems (0: fresh problems every step)."""
+    the fixed demonstrations."""
     A, tr = labs.assistant, labs.training
-    stream = arithmetic.TrainingProblems(s.seed, 1, held)
-    pool = stream.draw(s.sft_examples) if s.sft_examples else None
+    pool = demonstrations(s, held)
     rng = np.random.default_rng([s.seed, 11])
     opt = tr.AdamW(model.state_dict(), lr=s.sft_lr, betas=(0.9, 0.99), weight_decay=0.0)
     curve = [(0, accuracy(labs, model, held))]
+    progress = Progress(log, "sft", s.sft_steps, start)
+    loss = float("nan")
     for step in range(1, s.sft_steps + 1):
-        problems = [pool[i] for i in rng.choice(len(pool), s.sft_batch)] if pool else stream.draw(s.sft_batch)
-        batch = [labs.chat(p) for p in problems]
+        batch = [labs.chat(pool[i]) for i in rng.choice(len(pool), s.sft_batch)]
         ids, mask = A.pad_batch(batch, labs.end_id)
         loss, grads = A.sft_loss_and_grads(model, ids, mask)
-        lr = s.sft_lr * min(1.0, step / 20)  # a short warm-up, then constant: SFT is cut off, not finished
-        _step(labs, opt, grads, lr)
+        _step(labs, opt, grads, s.sft_lr * min(1.0, step / 20))  # a short warm-up, then constant
         if step % s.eval_every == 0 or step == s.sft_steps:
             curve.append((step, accuracy(labs, model, held)))
-            log(f"  sft step {step:4d}  loss {float(loss):.3f}  held-out accuracy {curve[-1][1]:5.1f} %")
+            progress(step, f"loss {float(loss):.3f}  held-out accuracy {curve[-1][1]:5.1f} %", force=True)
+        else:
+            progress(step, f"loss {float(loss):.3f}")
     return curve
 
 
-def rl(labs: Labs, s: Settings, policy, reference, held, log) -> tuple[list[tuple[int, float]], list[float]]:
-    """GRPO from the SFT model; returns the accuracy curve and the seconds of each step."""
-    A, tr = labs.assistant, labs.training
-    stream = arithmetic.TrainingProblems(s.seed, 2, held)
+def rl(labs: Labs, s: Settings, policy, reference, held, log, start):
+    """GRPO from the SFT model; returns the accuracy curve, the mean reward of each step and
+    the seconds of each step."""
+    stream = arithmetic.TrainingProblems(s.seed, 2, held, s.max_operand)
     rng = np.random.default_rng([s.seed, 20])
-    opt = tr.AdamW(policy.state_dict(), lr=s.rl_lr, betas=(0.9, 0.99), weight_decay=0.0)
-    curve, times = [(0, accuracy(labs, policy, held))], []
+    opt = labs.training.AdamW(policy.state_dict(), lr=s.rl_lr, betas=(0.9, 0.99), weight_decay=0.0)
+    curve, rewards, times = [(0, accuracy(labs, policy, held))], [], []
+    progress = Progress(log, "rl", s.rl_steps, start)
     for step in range(1, s.rl_steps + 1):
-        start = time.perf_counter()
+        t0 = time.perf_counter()
         ids, mask, adv, mean_reward = rl_batch(labs, s, policy, stream.draw(s.prompts), rng)
         rl_update(labs, s, policy, reference, opt, ids, mask, adv)
-        times.append(time.perf_counter() - start)
+        times.append(time.perf_counter() - t0)
+        rewards.append(mean_reward)
+        recent = float(np.mean(rewards[-10:]))
         if step % s.eval_every == 0 or step == s.rl_steps:
             curve.append((step, accuracy(labs, policy, held)))
-            log(f"  rl step {step:4d}  mean reward {mean_reward:.2f}  held-out accuracy {curve[-1][1]:5.1f} %")
-    return curve, times
+            progress(step, f"mean reward {recent:.2f}  held-out accuracy {curve[-1][1]:5.1f} %", force=True)
+        else:
+            progress(step, f"mean reward {recent:.2f}")
+    return curve, rewards, times
+
+
+def sample_groups(labs: Labs, s: Settings, model, problems, rng):
+    """A group of ``s.group`` sampled answers per problem: the (P·G, S) sequences padded
+    together with their answer masks, and the (P, G) rewards."""
+    A = labs.assistant
+    groups, rewards = [], []
+    for p, seqs in zip(problems, generate_all(labs, model, problems, s.group, MAX_NEW_TOKENS,
+                                              temperature=s.temperature, rng=rng)):
+        n = len(labs.prompt(p))
+        rewards.append([A.reward(labs.tok, n, row, p.answer) for row in seqs])
+        groups.extend(zip(seqs, A.completion_mask(seqs, n, labs.end_id)))
+    return groups, np.array(rewards, dtype=np.float32)
 
 
 def rl_batch(labs: Labs, s: Settings, policy, problems, rng):
     """Sample a group per problem; ``(ids, mask, advantages, mean reward)`` padded together."""
     A = labs.assistant
-    groups, rewards = [], []
-    for p in problems:
-        prompt = labs.prompt(p)
-        seqs = A.sample_group(policy, prompt, s.group, MAX_NEW_TOKENS, temperature=s.temperature, rng=rng,
-                              end_id=labs.end_id)
-        rewards.append([A.reward(labs.tok, len(prompt), row, p.answer) for row in seqs])
-        mask = A.completion_mask(seqs, len(prompt), labs.end_id)
-        groups.extend(zip(seqs, mask))
-    adv = A.group_advantages(np.array(rewards, dtype=np.float32)).reshape(-1)
+    groups, rewards = sample_groups(labs, s, policy, problems, rng)
+    adv = A.group_advantages(rewards).reshape(-1)
     ids, mask = A.pad_batch(groups, labs.end_id)
-    return ids, mask, adv, float(np.mean(rewards))
+    return ids, mask, adv, float(rewards.mean())
 
 
 def rl_update(labs: Labs, s: Settings, policy, reference, opt, ids, mask, adv) -> None:
-    """``s.epochs`` AdamW steps of GRPO on one sampled batch."""
+    """One AdamW step of GRPO on one sampled batch."""
     A = labs.assistant
     logp_old = A.token_logprobs(policy, ids)  # the sampling policy, fixed for this batch
-    logp_ref = A.token_logprobs(reference, ids)
-    for _ in range(s.epochs):
-        _, grads = A.rl_loss_and_grads(policy, ids, mask, logp_old, logp_ref, adv, clip_eps=s.clip_eps,
-                                       kl_coef=s.kl_coef)
-        _step(labs, opt, grads, s.rl_lr)
+    logp_ref = A.token_logprobs(reference, ids) if s.kl_coef > 0 else logp_old
+    _, grads = A.rl_loss_and_grads(policy, ids, mask, logp_old, logp_ref, adv, clip_eps=s.clip_eps,
+                                   kl_coef=s.kl_coef)
+    _step(labs, opt, grads, s.rl_lr)
 
 
-def dpo(labs: Labs, s: Settings, policy, reference, held, log) -> tuple[list[tuple[int, float]], int]:
-    """DPO from the SFT model on (correct, wrong) pairs it samples itself; returns the
-    accuracy curve and the number of pairs."""
+def dpo(labs: Labs, s: Settings, policy, reference, held, log, start):
+    """DPO from the SFT model with RL's budget: ``s.rl_steps · s.prompts`` fresh questions,
+    ``s.group`` answers sampled from the SFT model to each; each question's right and wrong
+    answers paired off; ``s.rl_steps`` AdamW steps of ``s.prompts · s.group / 2`` pairs
+    (as many sequences as an RL step trains on). Returns the curve and the number of pairs."""
     A, tr = labs.assistant, labs.training
-    stream = arithmetic.TrainingProblems(s.seed, 3, held)
+    stream = arithmetic.TrainingProblems(s.seed, 3, held, s.max_operand)
     rng = np.random.default_rng([s.seed, 30])
     chosen, rejected = [], []
-    for p in stream.draw(s.dpo_questions):
-        prompt = labs.prompt(p)
-        seqs = A.sample_group(reference, prompt, s.group, MAX_NEW_TOKENS, temperature=s.temperature, rng=rng,
-                              end_id=labs.end_id)
-        good = [i for i, row in enumerate(seqs) if A.reward(labs.tok, len(prompt), row, p.answer) == 1.0]
-        bad = [i for i in range(len(seqs)) if i not in good]
-        if good and bad:
-            mask = A.completion_mask(seqs, len(prompt), labs.end_id)
-            chosen.append((seqs[good[0]], mask[good[0]]))
-            rejected.append((seqs[bad[0]], mask[bad[0]]))
-    log(f"  dpo: {len(chosen)} pairs (a correct and a wrong answer) from {s.dpo_questions} questions")
+    progress = Progress(log, "dpo-sampling", s.rl_steps, start)
+    for step in range(1, s.rl_steps + 1):
+        groups, rewards = sample_groups(labs, s, reference, stream.draw(s.prompts), rng)
+        for q, r in enumerate(rewards):
+            good = [groups[q * s.group + i] for i in np.flatnonzero(r == 1.0)]
+            bad = [groups[q * s.group + i] for i in np.flatnonzero(r != 1.0)]
+            chosen += good[:len(bad)]
+            rejected += bad[:len(good)]
+        progress(step, f"{len(chosen)} pairs", force=step == s.rl_steps)
     curve = [(0, accuracy(labs, policy, held))]
     if not chosen:
+        log("  dpo: no pairs (no question got both a right and a wrong answer)")
         return curve, 0
     ids, mask = A.pad_batch(chosen + rejected, labs.end_id)
     n = len(chosen)
-    ref_seq = A.sequence_logprobs(reference, ids, mask)
+    ref_seq = np.concatenate([A.sequence_logprobs(reference, ids[i:i + 1024], mask[i:i + 1024])
+                              for i in range(0, len(ids), 1024)])
     opt = tr.AdamW(policy.state_dict(), lr=s.dpo_lr, betas=(0.9, 0.99), weight_decay=0.0)
-    for step in range(1, s.dpo_steps + 1):
-        rows = rng.choice(n, size=min(s.dpo_batch, n), replace=False)
+    batch = max(1, s.prompts * s.group // 2)
+    progress = Progress(log, "dpo", s.rl_steps, start)
+    for step in range(1, s.rl_steps + 1):
+        rows = rng.choice(n, size=min(batch, n), replace=False)
         loss, grads = A.dpo_loss_and_grads(policy, ids[rows], mask[rows], ids[n + rows], mask[n + rows],
                                            ref_seq[rows], ref_seq[n + rows], beta=s.beta)
         _step(labs, opt, grads, s.dpo_lr)
-        if step % s.eval_every == 0 or step == s.dpo_steps:
+        if step % s.eval_every == 0 or step == s.rl_steps:
             curve.append((step, accuracy(labs, policy, held)))
-            log(f"  dpo step {step:4d}  loss {float(loss):.3f}  held-out accuracy {curve[-1][1]:5.1f} %")
+            progress(step, f"loss {float(loss):.3f}  held-out accuracy {curve[-1][1]:5.1f} %", force=True)
+        else:
+            progress(step, f"loss {float(loss):.3f}")
     return curve, n
 
 
@@ -260,60 +339,83 @@ def peak_memory_mb() -> float:
     return peak / 1e6 if sys.platform == "darwin" else peak * 1024 / 1e6
 
 
-def pipeline(s: Settings, out: Path | None, log=print) -> dict:
+def pipeline(s: Settings, out: Path | None, log=print, stages=("rl", "dpo")) -> dict:
     """SFT, then RL and DPO from the SFT model; the results (and checkpoints in ``out``)."""
+    start = time.perf_counter()
     labs = Labs()
-    held = arithmetic.held_out(s.seed, s.held_out)
+    held = arithmetic.held_out(s.seed, s.held_out, top=s.max_operand)
+    off = arithmetic.held_out_off_task(s.seed, s.off_task_held_out)
     model = new_model(labs, s)
-    log(f"SFT: {s.sft_steps} steps of {s.sft_batch} problems, from random weights "
-        f"({s.layers} layers, width {s.d_model}, {model.num_parameters():,} parameters)")
+    log(f"SFT: {s.sft_steps} steps of {s.sft_batch} from {s.demos} additions and {s.off_task_demos} off-task "
+        f"demonstrations, from random weights ({s.layers} layers, width {s.d_model}, "
+        f"{model.num_parameters():,} parameters)")
     t0 = time.perf_counter()
-    sft_curve = sft(labs, s, model, held, log)
-    sft_s = time.perf_counter() - t0
+    curves, evals, seconds = {}, {}, {}
+    curves["sft"] = sft(labs, s, model, held, log, start)
+    seconds["sft"] = time.perf_counter() - t0
+    evals["sft"] = evaluate(labs, model, held, off)
     reference = copy.deepcopy(model)  # frozen: never given to an optimizer
     if out is not None:
         labs.training.save_checkpoint(out / "sft", model)
+    step_times, rewards, pairs = [float("nan")], [], 0
 
-    log(f"RL: {s.rl_steps} steps of {s.prompts} questions × {s.group} answers")
-    policy = copy.deepcopy(model)
-    t0 = time.perf_counter()
-    rl_curve, step_times = rl(labs, s, policy, reference, held, log)
-    rl_s = time.perf_counter() - t0
-    if out is not None:
-        labs.training.save_checkpoint(out / "rl", policy)
+    if "rl" in stages:
+        log(f"RL: {s.rl_steps} steps of {s.prompts} fresh questions × {s.group} sampled answers")
+        policy = copy.deepcopy(model)
+        t0 = time.perf_counter()
+        curves["rl"], rewards, step_times = rl(labs, s, policy, reference, held, log, start)
+        seconds["rl"] = time.perf_counter() - t0
+        evals["rl"] = evaluate(labs, policy, held, off)
+        if out is not None:
+            labs.training.save_checkpoint(out / "rl", policy)
 
-    log("DPO: from the same SFT model")
-    dpo_policy = copy.deepcopy(model)
-    t0 = time.perf_counter()
-    dpo_curve, pairs = dpo(labs, s, dpo_policy, reference, held, log)
-    dpo_s = time.perf_counter() - t0
-    if out is not None:
-        labs.training.save_checkpoint(out / "dpo", dpo_policy)
+    if "dpo" in stages:
+        log(f"DPO: from the same SFT model, {s.rl_steps * s.prompts * s.group:,} sampled answers and "
+            f"{s.rl_steps} steps (RL's budget)")
+        dpo_policy = copy.deepcopy(model)
+        t0 = time.perf_counter()
+        curves["dpo"], pairs = dpo(labs, s, dpo_policy, reference, held, log, start)
+        seconds["dpo"] = time.perf_counter() - t0
+        evals["dpo"] = evaluate(labs, dpo_policy, held, off)
+        if out is not None:
+            labs.training.save_checkpoint(out / "dpo", dpo_policy)
 
-    results = {"settings": asdict(s), "held_out": len(held), "sft_accuracy": sft_curve[-1][1],
-               "rl_accuracy": rl_curve[-1][1], "dpo_accuracy": dpo_curve[-1][1], "sft_curve": sft_curve,
-               "rl_curve": rl_curve, "dpo_curve": dpo_curve, "dpo_pairs": pairs, "sft_seconds": sft_s,
-               "rl_seconds": rl_s, "dpo_seconds": dpo_s, "rl_step_seconds": float(np.median(step_times)),
-               "peak_memory_mb": peak_memory_mb()}
+    results = {"settings": asdict(s), "held_out": len(held), "off_task_held_out": len(off),
+               "held_out_phrasings": list(arithmetic.HELD_OUT_PHRASINGS), "dpo_pairs": pairs,
+               "rl_rewards": rewards, "rl_step_seconds": float(np.median(step_times)),
+               "seconds": seconds, "total_seconds": time.perf_counter() - start, "peak_memory_mb": peak_memory_mb()}
+    for name in curves:
+        results[f"{name}_curve"] = curves[name]
+        results[name] = evals[name]
+        results[f"{name}_accuracy"] = evals[name]["accuracy"]
     if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
         (out / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     return results
 
 
 def report(r: dict) -> str:
-    a, b, c = r["sft_accuracy"], r["rl_accuracy"], r["dpo_accuracy"]
-    lines = [f"held-out accuracy (greedy, {r['held_out']} problems): SFT {a:.1f} %, RL {b:.1f} % ({b - a:+.1f} points), "
-             f"DPO {c:.1f} % ({c - a:+.1f} points)",
-             f"time: SFT {r['sft_seconds']:.0f} s, RL {r['rl_seconds']:.0f} s ({r['rl_step_seconds'] * 1000:.0f} ms a step), "
-             f"DPO {r['dpo_seconds']:.0f} s; peak memory {r['peak_memory_mb']:.0f} MB"]
-    for name in ("sft", "rl", "dpo"):
-        lines.append(f"{name} curve (step: accuracy %): "
-                     + ", ".join(f"{step}: {acc:.1f}" for step, acc in r[f"{name}_curve"]))
+    a = r["sft_accuracy"]
+    names = [n for n in ("sft", "rl", "dpo") if n in r]
+    lines = [f"held-out accuracy (greedy, {r['held_out']} problems): "
+             + ", ".join(f"{n.upper()} {r[n]['accuracy']:.1f} %" + (f" ({r[n]['accuracy'] - a:+.1f} points)"
+                                                                    if n != "sft" else "") for n in names)]
+    for n in names:
+        e = r[n]
+        lines.append(f"{n}: held-out phrasings {e['held_out_phrasings']:.1f} %, off-task answered with the sentence "
+                     f"{e['off_task']:.1f} % ({r['off_task_held_out']} questions); per phrasing: "
+                     + ", ".join(f"{ph!r} {acc:.0f} %" for ph, acc in e["phrasings"].items()))
+    sec = r["seconds"]
+    lines.append("time: " + ", ".join(f"{n.upper()} {sec[n]:.0f} s" for n in names)
+                 + f" (RL {r['rl_step_seconds'] * 1000:.0f} ms a step), total {r['total_seconds']:.0f} s; "
+                 f"peak memory {r['peak_memory_mb']:.0f} MB" + (f"; DPO pairs {r['dpo_pairs']}" if "dpo" in r else ""))
+    for n in names:
+        lines.append(f"{n} curve (step: accuracy %): " + ", ".join(f"{st}: {acc:.1f}" for st, acc in r[f"{n}_curve"]))
     return "\n".join(lines)
 
 
 def settings_from(args) -> Settings:
-    s = TINY if args.tiny else Settings()
+    s = TINY if args.tiny else QUICK if args.quick else Settings()
     changes = {k: v for k, v in vars(args).items() if k in Settings.__dataclass_fields__ and v is not None}
     return replace(s, **changes)
 
@@ -322,17 +424,21 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gptkit.assistant", description=__doc__.split("\n\n")[0])
     p.add_argument("--impl", default="labs", help="whose code runs: labs (yours), solutions, or a path")
     p.add_argument("--out", default=str(OUT), help="where to write the models (default: runs/assistant)")
-    p.add_argument("--tiny", action="store_true", help="tiny sizes: a run of seconds that checks the plumbing")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="smaller sizes: the same story in less time")
+    size.add_argument("--tiny", action="store_true", help="tiny sizes: a run of seconds that checks the plumbing")
+    p.add_argument("--only", choices=("rl", "dpo"), default=None, help="run SFT and this stage only")
     for name, field in Settings.__dataclass_fields__.items():
         p.add_argument("--" + name.replace("_", "-"), type=type(field.default), default=None,
-                       help=f"(default {field.default}; --tiny: {getattr(TINY, name)})")
+                       help=f"(default {field.default}; --quick: {getattr(QUICK, name)}; --tiny: {getattr(TINY, name)})")
     args = p.parse_args(argv)
 
     def run() -> int:
         use_impl(args.impl)
         s = settings_from(args)
         out = Path(args.out)
-        r = pipeline(s, out)
+        r = pipeline(s, out, log=lambda line: print(line, flush=True),
+                     stages=(args.only,) if args.only else ("rl", "dpo"))
         print(report(r))
         print(f"wrote {out}/sft, rl, dpo; talk to the RL model: uv run python -m gptkit.chat"
               + (f" --impl {args.impl}" if args.impl != "labs" else "") + (f" --model {out}/rl" if out != OUT else ""))

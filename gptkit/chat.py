@@ -7,10 +7,13 @@ lab 05 loads the checkpoint, lab 10 tokenizes, lab 11 renders the chat, lab 06 a
     uv run python -m gptkit.chat --model runs/assistant/dpo   # the DPO model (or sft)
 
 Each line read is one question, asked on its own (the model was tuned on one-turn
-conversations: ``<|user|>What is 12+34?<|assistant|>``); the answer is the model's greedy
-reply up to ``<|end|>`` (``--temperature`` above 0 samples instead). At a terminal it
-prompts with ``you>``; piped, it prints one answer per line. An empty line or end of input
-ends it.
+conversations: ``<|user|>What is 12 + 34?<|assistant|>``), normalised as training rendered
+its questions (``arithmetic.normalise``: outer spaces dropped, inner runs of spaces made
+one). The answer is the model's greedy reply up to ``<|end|>`` (``--temperature`` above 0
+samples instead). An answer that is neither a number nor the sentence the model was taught
+is shown as what it is: ``(empty answer)`` when the model ends at once, ``(malformed: …)``
+with the text quoted, and ``(unfinished: …)`` when no ``<|end|>`` comes. At a terminal it prompts with
+``you>``; piped, it prints one answer per line. An empty line or end of input ends it.
 """
 
 from __future__ import annotations
@@ -40,23 +43,37 @@ def load(folder: Path, impl: str):
     return gpt2_weights.load_gpt2(folder).eval(), arithmetic.tokenizer(tokenizer.Tokenizer)
 
 
+def shown(text: str, finished: bool) -> str:
+    """How the chat prints an answer: a number or the taught sentence as it is; an empty
+    answer, any other text (quoted) and an answer with no ``<|end|>`` marked as such, so
+    that none prints as a blank or passes for an answer."""
+    if not finished:
+        return f"(unfinished: {text!r} and no end)"
+    if not text:
+        return "(empty answer)"
+    if text.isdigit() or text == arithmetic.REFUSAL:
+        return text
+    return f"(malformed: {text!r})"  # neither a sum nor the sentence it was taught
+
+
 def reply(model, tok, question: str, *, temperature: float = 0.0, rng=None) -> str:
-    """The model's answer to one question (the text before its ``<|end|>``)."""
+    """The model's answer to one question (``normalise``d as in training), as ``shown``."""
     import assistant
     import generation
 
+    question = arithmetic.normalise(question)
     prompt = assistant.render_prompt(tok, [{"role": "user", "content": question}])
     room = model.max_seq_len - len(prompt)
     if room < 1:
         raise ValueError(f"the question takes {len(prompt)} tokens with the chat tokens; this model reads at most "
                          f"{model.max_seq_len - 1} before answering")
     end_id = assistant.special_id(tok, assistant.END)
-    out = generation.generate(model, prompt[None, :], min(room, 16), temperature=temperature, rng=rng,
+    longest = len(arithmetic.REFUSAL) + 1  # the longest answer training taught, and its END
+    out = generation.generate(model, prompt[None, :], min(room, longest), temperature=temperature, rng=rng,
                               eos_token_id=end_id)[0, len(prompt):]
     said = [int(i) for i in out]
     finished = end_id in said
-    text = tok.decode(said[: said.index(end_id)] if finished else said)
-    return text if finished else text + " …"
+    return shown(tok.decode(said[: said.index(end_id)] if finished else said), finished)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         rng = np.random.default_rng(args.seed)
         interactive = sys.stdin.isatty()
         if interactive:
-            print("Ask an addition, e.g. What is 12+34? (an empty line ends)")
+            print("Ask an addition, e.g. What is 12 + 34? or add 12 and 34 (an empty line ends)")
         while True:
             if interactive:
                 print("you> ", end="", flush=True)

@@ -234,9 +234,11 @@ RUN_BY = {
     'uv run python -m gptkit.demo --random --prompt "To be, or not to be"':
         "tests/kit/test_text_wiring.py::test_demo_prompt_goes_through_the_lab_tokenizer_without_transformers",
     "uv run python -m gptkit.assistant":
-        "tests/kit/test_assistant_pipeline.py::test_the_tiny_pipeline_writes_models_the_chat_command_answers_from",
+        "tests/kit/test_assistant_pipeline.py::test_the_quick_pipeline_learns_and_the_chat_command_answers_from_its_model",
+    "uv run python -m gptkit.assistant --quick":
+        "tests/kit/test_assistant_pipeline.py::test_the_quick_pipeline_learns_and_the_chat_command_answers_from_its_model",
     "uv run python -m gptkit.chat":
-        "tests/kit/test_assistant_pipeline.py::test_the_tiny_pipeline_writes_models_the_chat_command_answers_from",
+        "tests/kit/test_assistant_pipeline.py::test_the_quick_pipeline_learns_and_the_chat_command_answers_from_its_model",
     "uv run pytest --impl=solutions": ".ci/run",
     "uv run grader grade examples/submissions -o grading": "tests/grader/test_batch.py::test_batch_outputs_cover_every_student",
     "uv run grader check labs/01_causal_mask": "tests/grader/test_release_and_gradescope.py::test_grader_check_runs_in_the_student_copy",
