@@ -134,7 +134,7 @@ class Progress:
         self.t0 = self.last = time.perf_counter()
 
     def __call__(self, step: int, what: str, force: bool = False) -> None:
-        now = time.perf_counter()
+        now = time.perf_counter()  # when this step ended
         if not force and now - self.last < PROGRESS_S:
             return
         self.last = now
