@@ -10,6 +10,7 @@ speculative sampling is checked statistically (many seeded draws, each token's f
 within five standard deviations of the target's probability).
 """
 
+import contextlib
 import math
 
 import numpy as np
@@ -418,6 +419,26 @@ def test_prompt_lookup_draft_proposes_nothing_without_a_match():
                                f"n-gram matches and nothing is proposed (an empty array); got {got.tolist()}")
 
 
+# forward_slots' messages for an empty feed: np.array([[]]) is float64 and has no token
+EMPTY_FEED = ("at least one row and one token", "integer token ids, got dtype float64")
+
+
+@contextlib.contextmanager
+def _speculating(what):
+    """explains_errors for the speculative decoders, and a named message for a draft cache never cut back."""
+    try:
+        with explains_errors(what, SPEC_HINT):
+            yield
+    except (ValueError, AssertionError) as exc:
+        if not any(m in str(exc) for m in EMPTY_FEED):
+            raise
+        raise AssertionError(
+            f"{what}: the draft model was fed no token ({str(exc).splitlines()[0][:120]}): its cache already held "
+            f"the whole context, so it was not cut back to the tokens kept. After each round call "
+            f"Drafter.keep(len(tokens) − 1) (every token but the new last one, as the target's cache holds), and "
+            f"let keep set cache.lengths[0] = min(what it holds, length)") from None
+
+
 def _draft(name):
     if name in ("self",):
         return _model()
@@ -433,9 +454,35 @@ def _speculate(f, name):
     k, ngram = int(f[f"k_{name}"]), int(f[f"ngram_{name}"])
     eos = int(f["eos"]) if name == "eos" else None
     draft = _draft(name)
-    with explains_errors(f"speculative_greedy(target, {'None' if draft is None else 'draft'}, prompt, {SPEC_NEW}, "
-                         f"k={k})", SPEC_HINT):
+    with _speculating(f"speculative_greedy(target, {'None' if draft is None else 'draft'}, prompt, {SPEC_NEW}, "
+                      f"k={k})"):
         return I.speculative_greedy(_model(), draft, prompt, SPEC_NEW, k=k, ngram=ngram, eos=eos)
+
+
+def test_drafter_proposes_the_drafts_greedy_tokens_and_keep_cuts_its_cache_back():
+    f = load_fixture(LAB, "speculative")
+    drafter = I.Drafter(_draft("near"), 3)
+    context = f["drafter_context"]
+    with explains_errors(f"Drafter(draft, 3).propose(a context of {len(context)} tokens, 3)",
+                         "the draft decodes greedily through its own one-slot cache, fed what it does not hold yet"):
+        tokens, _ = drafter.propose(context.tolist(), 3)
+    assert_close(assert_ndarray(tokens, "Drafter.propose's tokens", dtype="iu", shape=(3,)), f["drafter_tokens"],
+                 atol=0, rtol=0, what="the draft's 3 proposals after the context (its own greedy tokens)")
+    held = int(drafter.cache.lengths[0])
+    drafter.keep(8)
+    cut = int(drafter.cache.lengths[0])
+    assert cut == 8, (f"Drafter.keep(8) after a round: the draft's cache held {held} positions and must keep only the "
+                      f"first 8 (the rest were rejected), got {cut}: the draft's cache was not cut back "
+                      f"(keep sets cache.lengths[0] = min(what it holds, length))")
+    changed = f["drafter_changed"]
+    with explains_errors(f"Drafter.propose on the context cut back to 8 tokens plus a new one, after keep(8)",
+                         "the draft's cache holds the first 8 tokens: propose feeds it the rest of the context"):
+        tokens, _ = drafter.propose(changed.tolist(), 3)
+    assert_close(assert_ndarray(tokens, "Drafter.propose's tokens", dtype="iu", shape=(3,)),
+                 f["drafter_changed_tokens"], atol=0, rtol=0,
+                 what="the draft's 3 proposals after keep(8) and a context whose 9th token changed (its greedy tokens)",
+                 hint="after keep(length) the draft's cache holds the context's first `length` tokens; propose feeds "
+                      "the draft everything from there on")
 
 
 @pytest.mark.parametrize("name", SPEC)
@@ -469,6 +516,49 @@ def test_speculative_counts_proposals_and_acceptances(name):
             "tokens kept")
     assert_close(got, expected, atol=0, rtol=0, diagnoses=stored_diagnoses(f, f"counts_{name}"), hint=hint,
                  what=f"(proposed, accepted, rounds) of speculative greedy decoding ({name})")
+
+
+def _counting_linear(f, prefix, layer, calls):
+    """A stand-in for one Linear of a model (the same product) that notes how many rows each call had."""
+    weight, bias = f[f"{prefix}{layer}.weight"], f[f"{prefix}{layer}.bias"]
+
+    def linear(x):
+        x = np.asarray(x, dtype=np.float32)
+        calls.append(int(np.prod(x.shape[:-1])))
+        return x @ weight + bias
+
+    return linear
+
+
+def test_speculative_greedy_runs_the_target_once_per_round_over_the_drafts():
+    """The work itself, not only its tokens: each round one pass of the target over [last, d1 … dm]."""
+    f = load_fixture(LAB, "speculative")
+    model, draft = _model(), _draft("near")
+    target_rows, draft_rows = [], []
+    model.h[0].mlp.c_fc = _counting_linear(load_fixture(LAB, "model"), "param.", "h.0.mlp.c_fc", target_rows)
+    draft.h[0].mlp.c_fc = _counting_linear(f, "near.", "h.0.mlp.c_fc", draft_rows)
+    prompt, k = f["prompt_0"], int(f["k_near"])
+    with _speculating(f"speculative_greedy(target, draft, prompt, {SPEC_NEW}, k={k})"):
+        tokens, stats = I.speculative_greedy(model, draft, prompt, SPEC_NEW, k=k)
+    assert_close(tokens if np.shape(tokens) == f["tokens_near"].shape else np.zeros(f["tokens_near"].shape),
+                 f["tokens_near"], atol=0, rtol=0, what="speculative greedy tokens (lab 06's greedy tokens)")
+    assert isinstance(stats, dict) and {"proposed", "accepted", "rounds"} <= set(stats), \
+        f"speculative_greedy returns (tokens, stats) with stats {{'proposed', 'accepted', 'rounds'}}, got {stats!r}"
+    proposed, rounds = int(stats["proposed"]), int(stats["rounds"])
+    passes = len(target_rows)
+    assert passes == rounds + 1, (
+        f"the target ran {passes} forward passes (its block 0's MLP was called {passes} times); speculative greedy "
+        f"decoding of {SPEC_NEW} tokens in {rounds} rounds (your stats) is one prefill of the prompt but its last token "
+        f"and {rounds} rounds, each ONE pass of the target over [last, d1 … dm]: {rounds + 1} passes")
+    assert target_rows[0] == len(prompt) - 1, (
+        f"the target's first pass (the prefill) fed {target_rows[0]} tokens: it holds the prompt's {len(prompt)} "
+        f"tokens but the last, {len(prompt) - 1}")
+    assert sum(target_rows[1:]) == rounds + proposed, (
+        f"the target's {rounds} rounds fed {sum(target_rows[1:])} tokens ({target_rows[1:]}): each feeds the last "
+        f"token and that round's drafts, {rounds} + {proposed} proposed = {rounds + proposed} in all")
+    assert len(draft_rows) >= proposed, (
+        f"{proposed} tokens were proposed, but the draft model ran only {len(draft_rows)} forward passes: each "
+        f"drafted token is the draft's own greedy choice, one draft pass per token")
 
 
 P = np.array([0.05, 0.30, 0.10, 0.25, 0.20, 0.10])  # the target's distribution in the sampling tests
@@ -537,6 +627,86 @@ def test_speculative_sample_accepts_every_draft_of_the_target_itself():
     assert stats["proposed"] > 0 and stats["accepted"] == stats["proposed"], (
         f"with the target as its own draft p = q, so min(1, p/q) = 1: every draft is accepted, got {stats}")
     assert stats["rounds"] == 3, f"12 tokens at k = 3: 3 rounds of 3 drafts + 1 bonus token, got {stats['rounds']} rounds"
+
+
+def _same_tokens(got, expected, diagnoses, what, hint):
+    """Token ids against the expected ones; a result of another length is also compared with the diagnoses."""
+    __tracebackhide__ = True
+    got = assert_ndarray(got, what, dtype="iu")
+    if got.shape != expected.shape:
+        for label, wrong in diagnoses.items():
+            if wrong.shape == got.shape and np.array_equal(wrong, got):
+                raise AssertionError(f"{what}: {len(got)} tokens, expected {len(expected)}. Your result matches {label}")
+        raise AssertionError(f"{what}: {len(got)} tokens, expected {len(expected)} ({expected.tolist()}), got "
+                             f"{got.tolist()}; {hint}")
+    assert_close(got, expected, atol=0, rtol=0, diagnoses=diagnoses, what=what, hint=hint)
+
+
+COLD = 1e-6  # make_fixtures.COLD: so cold that p and q are one-hot, and sampling is greedy
+
+
+def test_cold_speculative_sampling_rejects_and_resamples_like_greedy():
+    """At temperature 1e-6 every p and q is one-hot: a draft is accepted exactly when it is the target's greedy
+    token, a rejection's residual draw is the target's greedy token, and the tokens and counts are speculative
+    greedy decoding's, whatever the random numbers."""
+    f = load_fixture(LAB, "speculative")
+    k = int(f["k_near"])
+    with _speculating(f"speculative_sample(target, draft, prompt, {SPEC_NEW}, k={k}, temperature=1e-6)"):
+        tokens, stats = I.speculative_sample(_model(), _draft("near"), f["prompt_0"], SPEC_NEW, k=k, temperature=COLD,
+                                             rng=np.random.default_rng(5))
+    hint = ("p and q are softmax(logits / temperature) at the temperature given; on the first rejection the "
+            "residual's draw is emitted and the round ends; the target's cache is cut back to the tokens kept")
+    _same_tokens(tokens, f["cold_tokens"], stored_diagnoses(f, "cold_tokens"), hint=hint,
+                 what="speculative_sample at temperature 1e-6 with a draft near the target (p and q one-hot: the "
+                      "target's greedy tokens)")
+    assert isinstance(stats, dict) and {"proposed", "accepted", "rounds"} <= set(stats), \
+        f"speculative_sample returns (tokens, stats) with stats {{'proposed', 'accepted', 'rounds'}}, got {stats!r}"
+    assert_close(np.array([stats["proposed"], stats["accepted"], stats["rounds"]]), f["cold_counts"], atol=0, rtol=0,
+                 diagnoses=stored_diagnoses(f, "cold_counts"), hint=hint,
+                 what="(proposed, accepted, rounds) of speculative_sample at temperature 1e-6 (those of speculative "
+                      "greedy decoding with the same draft)")
+
+
+LOOKUP_RUNS = 400
+
+
+def test_speculative_sampling_with_prompt_lookup_follows_the_target():
+    """Prompt lookup proposes one token d (its q one-hot); at temperature 0.5 the first new token must still follow
+    the target's p: d with probability p(d), accepted with probability p(d)."""
+    f = load_fixture(LAB, "speculative")
+    model = _model()
+    prompt, d, p, p1 = f["sample_prompt"], int(f["sample_draft"][0]), f["sample_p"], f["sample_p1"]
+    rng = np.random.default_rng(11)
+    firsts, accepted, proposed = [], 0, 0
+    for _ in range(LOOKUP_RUNS):
+        tokens, stats = I.speculative_sample(model, None, prompt, 2, k=1, ngram=2, temperature=0.5, rng=rng)
+        tokens = assert_ndarray(tokens, "speculative_sample's tokens", dtype="iu", shape=(len(prompt) + 2,))
+        firsts.append(int(tokens[len(prompt)]))
+        accepted += int(stats["accepted"])
+        proposed += int(stats["proposed"])
+    assert proposed == LOOKUP_RUNS, (
+        f"after the prompt {prompt.tolist()} prompt lookup (ngram=2) proposes one token, {d}, in each run's first "
+        f"round (2 new tokens: one draft at most); {LOOKUP_RUNS} runs proposed {proposed}")
+    freq = float(np.mean(np.array(firsts) == d))
+    V = len(p)
+
+    def fits(x):
+        return abs(freq - x) <= 5 * math.sqrt(x * (1 - x) / LOOKUP_RUNS) + 1.5 / LOOKUP_RUNS
+
+    if not fits(p[d]):
+        mistakes = {f"a uniform q = 1/V for prompt lookup's draft (a deterministic draft's q is one-hot): it is "
+                    f"accepted with probability min(1, V·p(d)) = {min(1.0, V * p[d]):.2f}": min(1.0, V * p[d]),
+                    f"p taken at temperature 1 ({p1[d]:.2f}) instead of the temperature given (0.5)": p1[d]}
+        named = next((f" Your result matches {label}." for label, x in mistakes.items() if fits(x)), "")
+        raise AssertionError(
+            f"speculative_sample(target, None, prompt, 2, k=1, ngram=2, temperature=0.5), {LOOKUP_RUNS} runs: prompt "
+            f"lookup proposes {d}, which the target gives p = {p[d]:.3f} at temperature 0.5; the first new token was "
+            f"{d} in {freq:.3f} of the runs.{named} The draft's q is one-hot, so {d} is accepted with probability "
+            f"min(1, p/q) = p({d}), and a rejection draws from the residual max(0, p − q)")
+    rate = accepted / LOOKUP_RUNS
+    assert fits(p[d]) and abs(rate - p[d]) <= 5 * math.sqrt(p[d] * (1 - p[d]) / LOOKUP_RUNS) + 1.5 / LOOKUP_RUNS, (
+        f"prompt lookup's draft {d} (q one-hot) is accepted with probability min(1, p/q) = p({d}) = {p[d]:.3f}; "
+        f"it was accepted in {rate:.3f} of {LOOKUP_RUNS} runs")
 
 
 # --- weight-only int8 -------------------------------------------------------------------------------------
