@@ -12,6 +12,8 @@ within five standard deviations of the target's probability).
 
 import contextlib
 import math
+import time
+import warnings
 
 import numpy as np
 import pytest
@@ -21,6 +23,7 @@ from hypothesis import strategies as st
 from gptkit.testing import (arguments_written_back, assert_close, assert_ndarray, explains_errors, fixture_params, lab,
                             load_fixture, raises_clearly, stored_diagnoses)
 from gptkit.testing.parameters import set_parameters
+from gptkit.testing.resident import peak_growth
 
 I = lab("inference")
 G = lab("gpt")
@@ -84,10 +87,53 @@ def _check_table(table, what, num_layers):
 
 # --- measure first ---------------------------------------------------------------------------------
 
+SLOW = 0.05  # seconds the stand-in for the last block's c_fc sleeps per call: that part's row shows it
+SLOW_ROW = f"h.{LAYERS - 1}.mlp"
+REPEATS = 3
+
+
+def _slow_c_fc(model, calls):
+    """The last block's c_fc replaced by the same product that also sleeps SLOW seconds (and notes each call)."""
+    product = _counting_linear(load_fixture(LAB, "model"), "param.", f"h.{LAYERS - 1}.mlp.c_fc", calls)
+
+    def slow_linear(x):
+        time.sleep(SLOW)
+        return product(x)
+
+    model.h[LAYERS - 1].mlp.c_fc = slow_linear
+
+
+def _check_timed(table, what, calls):
+    """The table measures the parts themselves: the part that sleeps shows its sleep, and only it."""
+    __tracebackhide__ = True
+    assert len(calls) == REPEATS, (
+        f"{what} with repeats={REPEATS}: the last block's c_fc (a stand-in the test put there) ran {len(calls)} "
+        f"times; each of the {REPEATS} repeats runs every part once, through the model's own sub-layers")
+    rows = dict(table[:-1])
+    slow = rows[SLOW_ROW]
+    assert slow >= SLOW, (
+        f"{what}: the test's stand-in for {SLOW_ROW}'s c_fc sleeps {SLOW} s on each call, yet the row {SLOW_ROW} "
+        f"says {slow:.3g} s: each row is the time between perf_counter() read just before its part and just after")
+    others = {name: t for name, t in rows.items() if name != SLOW_ROW}
+    late = {name: t for name, t in others.items() if t >= slow / 2}
+    if late:
+        after = [name for name in rows if list(rows).index(name) > list(rows).index(SLOW_ROW)]
+        cumulative = all(others[n] >= SLOW for n in after) and all(a <= b for a, b in zip(rows.values(),
+                                                                                           list(rows.values())[1:]))
+        why = ("Your table matches cumulative times: each row holds the time since the pass began, not its own part's "
+               "(read the clock again after each part and start the next row there). " if cumulative else "")
+        raise AssertionError(f"{what}: only {SLOW_ROW} sleeps ({SLOW} s a call), yet {sorted(late)} show "
+                             f"{[round(t, 4) for t in late.values()]} s. {why}Each row times its own part only")
+
+
 def test_profile_forward_names_every_layer_and_adds_up():
     model = _model()
     ids = load_fixture(LAB, "model")["ids"]
-    _check_table(I.profile_forward(model, ids, repeats=2), "profile_forward(model, ids)", LAYERS)
+    calls = []
+    _slow_c_fc(model, calls)
+    table = I.profile_forward(model, ids, repeats=REPEATS)
+    _check_table(table, "profile_forward(model, ids)", LAYERS)
+    _check_timed(table, "profile_forward(model, ids)", calls)
 
 
 def test_profile_decode_step_names_every_layer_and_leaves_the_cache():
@@ -95,8 +141,11 @@ def test_profile_decode_step_names_every_layer_and_leaves_the_cache():
     ids = load_fixture(LAB, "model")["ids"]
     cache = I.SlotCache(model, 2)
     I.forward_slots(model, ids[:, :6], cache, np.arange(2))
-    table = I.profile_decode_step(model, ids[:, 6:7], cache, repeats=2)
+    calls = []
+    _slow_c_fc(model, calls)
+    table = I.profile_decode_step(model, ids[:, 6:7], cache, repeats=REPEATS)
     _check_table(table, "profile_decode_step(model, ids (2, 1), cache)", LAYERS)
+    _check_timed(table, "profile_decode_step(model, ids (2, 1), cache)", calls)
     lengths = assert_ndarray(cache.lengths, "SlotCache.lengths", dtype="iu", shape=(2,))
     assert lengths.tolist() == [6, 6], (f"profile_decode_step must leave the cache's lengths as they were ([6, 6]), "
                                         f"got {lengths.tolist()}: the step is only measured")
@@ -127,6 +176,14 @@ def test_tiles_above_the_diagonal_are_skipped(case):
     total, visited = int(f[f"total_{case}"]), int(f[f"visited_{case}"])
     assert isinstance(stats, dict) and {"tiles_total", "tiles_visited"} <= set(stats), \
         f"return_stats=True must return (out, stats) with stats {{'tiles_total': …, 'tiles_visited': …}}, got {stats!r}"
+    heads = math.prod(q.shape[:-2])
+    if heads > 1 and (stats["tiles_visited"], stats["tiles_total"]) in {(visited * heads, total), (visited * heads,
+                                                                                                   total * heads)}:
+        raise AssertionError(
+            f"T={T}, S={S}, tiles {bq}×{bk}, leading dimensions {q.shape[:-2]}: stats says {stats['tiles_visited']} "
+            f"tiles visited, {heads} × the {visited} expected. Your result matches a tile counted once per head (per "
+            f"index of the leading dimensions): a (query block, key block) tile counts once, whatever the leading "
+            f"dimensions")
     assert stats["tiles_total"] == total, (f"T={T}, S={S} in tiles of {bq}×{bk}: there are ceil(T/block_q)·ceil(S/"
                                            f"block_k) = {total} tiles, stats says {stats['tiles_total']}")
     assert stats["tiles_visited"] <= visited, (
@@ -155,6 +212,29 @@ def test_tiled_attention_memory_grows_like_T_not_T_squared():
         f"over every key")
 
 
+RSS_T, RSS_D, RSS_BLOCK = 8192, 16, 128
+RSS_BOUND = 64 * 2**20  # bytes; a (T, T) float64 array of scores is 512 MiB, a float32 one 256 MiB
+
+
+def test_tiled_attention_peak_memory_as_the_kernel_counts_it():
+    """Measured out of the lab code's reach: the peak resident memory of a process that runs the call (graded: the
+    lab process, read by the grader from outside it), beyond its peak after a small call."""
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((RSS_T, RSS_D)) for _ in range(3))
+    small = (tuple(a[:64] for a in (q, k, v)), {"block_q": 16, "block_k": 16})
+    big = ((q, k, v), {"block_q": RSS_BLOCK, "block_k": RSS_BLOCK})
+    (_, out), (_, grew) = peak_growth("inference", "tiled_causal_attention", [small, big])
+    out = assert_ndarray(out, f"tiled_causal_attention (T={RSS_T}, float64)", dtype=np.float64, shape=(RSS_T, RSS_D))
+    rows = [0, 1, RSS_T // 2, RSS_T - 1]
+    assert_close(out[rows], _rows64(q, k, v, rows), what=f"tiled attention at T={RSS_T} (rows {rows})")
+    assert grew <= RSS_BOUND, (
+        f"tiled attention at T={RSS_T}, d={RSS_D}, tiles {RSS_BLOCK}×{RSS_BLOCK} (float64) made its process's peak "
+        f"resident memory grow by {grew / 2**20:.0f} MiB, as the operating system counts it (whatever the lab code "
+        f"does: tracemalloc, mmap and all); O(T·d) memory needs a few MiB, and at most {RSS_BOUND // 2**20} MiB is "
+        f"allowed, while a (T, T) array of scores alone is {RSS_T * RSS_T * 8 // 2**20} MiB: never build the whole "
+        f"score matrix")
+
+
 def _rows64(q, k, v, rows):
     """Causal attention (T = S) of the given query rows only, in float64."""
     q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
@@ -176,6 +256,25 @@ def test_tiled_attention_any_tiles(T, extra, bq, bk, seed):
     out = I.tiled_causal_attention(q, k, v, block_q=bq, block_k=bk)
     assert_close(out, _attention64(q, k, v), what="tiled attention on random shapes and tiles",
                  hint=f"T={T}, S={S}, tiles {bq}×{bk}; {NO_KEY_SEEN}")
+
+
+def test_tiled_attention_when_every_score_is_far_below_zero():
+    """exp(score) underflows to 0 for scores near −1000: only the running max (starting at −inf, then the tile's own
+    maximum) keeps l above 0."""
+    rng = np.random.default_rng(9)
+    T, d = 13, 4
+    k = (1 + 0.01 * rng.standard_normal((T, d))).astype(np.float32)
+    q = (-500 + 2 * rng.standard_normal((T, d))).astype(np.float32)  # every score q·k/√d is about −1000
+    v = rng.standard_normal((T, 3)).astype(np.float32)
+    out = I.tiled_causal_attention(q, k, v, block_q=4, block_k=5)
+    out = assert_ndarray(out, "tiled_causal_attention", dtype=np.float32, shape=(T, 3))
+    if not np.isfinite(out).all():
+        raise AssertionError(
+            f"tiled attention with every score near −1000 gave {int((~np.isfinite(out)).sum())} NaN or infinite "
+            f"values of {out.size}. Your result matches a running max that starts at 0 (or is never raised above "
+            f"it): exp(score − 0) underflows to 0, l stays 0 and acc / l is 0 / 0. m starts at −inf and each tile "
+            f"raises it to max(m, max s)")
+    assert_close(out, _attention64(q, k, v), what="tiled attention with every score near −1000 (T=13, tiles 4×5)")
 
 
 def test_tiled_attention_is_float32_and_rejects_bad_shapes():
@@ -202,6 +301,24 @@ def test_fast_gelu_is_gpt2s_tanh_gelu_in_place():
     assert_ndarray(y, "fast_gelu on float32", dtype=np.float32)
     assert np.allclose(x, f["gelu"], atol=1e-5, rtol=1e-4), (
         "fast_gelu must write gelu(x) into x itself (in place) and return it; x still holds other values")
+
+
+def test_fast_gelu_caps_its_exponent_at_88():
+    """Far left of 0, −2u is past float32's exp range (88.7): capped at 88, x / (1 + e^88) is a tiny negative number."""
+    x = np.array([-100.0, -50.0, -30.0, -12.0], dtype=np.float32)
+    expected = x / (1 + np.exp(np.float32(88.0)))  # about −6e−37 … −7e−38
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        y = I.fast_gelu(x.copy())
+    y = assert_ndarray(y, "fast_gelu", dtype=np.float32, shape=(4,))
+    overflow = [w for w in seen if issubclass(w.category, RuntimeWarning) and "overflow" in str(w.message)]
+    if not (y < 0).all() or overflow:
+        raise AssertionError(
+            f"fast_gelu({x.tolist()}) gave {y.tolist()}{' with an overflow warning' if overflow else ''}; with the "
+            f"exponent −2u capped at 88 it is x / (1 + e^88) = {expected.tolist()}. Your result matches an exponent "
+            f"without its cap: exp(−2u) overflows to inf (NumPy warns) and the result collapses to −0.0. Cap it "
+            f"with np.minimum(z, 88, out=z) before np.exp")
+    assert_close(y, expected, atol=0, rtol=1e-3, what="fast_gelu far left of 0 (x / (1 + e^88))")
 
 
 def test_fast_forward_matches_the_model():
@@ -725,6 +842,27 @@ def test_quantize_int8_scales_per_block_and_rounds_to_nearest():
     assert not bad.any(), (f"|W − q·scale| must be at most scale / 2 (q = W / scale rounded to the nearest integer); "
                            f"{int(bad.sum())} of {W.size} elements are further, up to {float((err / np.maximum(s, 1e-30)).max()):.2f} "
                            f"scales")
+
+
+def test_a_block_of_zeros_quantises_to_zeros_without_dividing_by_zero():
+    W = np.zeros((20, 3), dtype=np.float32)
+    W[:, 0] = np.linspace(-1, 1, 20)
+    W[8:16, 2] = 0.5  # column 1 all zeros, column 2 zeros but in the second block
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        q, scales = I.quantize_int8(W, 8)
+    q = assert_ndarray(q, "quantize_int8's q", dtype=np.int8, shape=(20, 3))
+    scales = assert_ndarray(scales, "quantize_int8's scales", dtype=np.float32, shape=(3, 3))
+    assert (scales[:, 1] == 0).all() and scales[0, 2] == 0 and scales[2, 2] == 0, (
+        f"a block of zeros gets scale 0; the scales of a (20, 3) weight in blocks of 8 rows, column 1 all zeros and "
+        f"column 2 zeros but in rows 8 … 15, are {scales.tolist()}")
+    assert (q[:, 1] == 0).all() and (q[:8, 2] == 0).all() and (q[16:, 2] == 0).all(), (
+        f"a block of zeros quantises to q = 0; got column 1 {q[:, 1].tolist()}, column 2 {q[:, 2].tolist()}")
+    divided = [w for w in seen if issubclass(w.category, RuntimeWarning)]
+    assert not divided, (
+        f"quantize_int8 on a weight with blocks of zeros warned {str(divided[0].message)!r}: 0 / 0 is NaN before "
+        f"it is cast. Your result matches a block of zeros divided by its scale 0: divide by 1 where the scale is "
+        f"0 (np.where(scales > 0, scales, 1)), so that q is 0 there")
 
 
 def test_dequantize_int8_multiplies_each_block_by_its_scale():
