@@ -267,6 +267,7 @@ def test_tiled_attention_when_every_score_is_far_below_zero():
     k = (1 + 0.01 * rng.standard_normal((T, d))).astype(np.float32)
     q = (-500 + 2 * rng.standard_normal((T, d))).astype(np.float32)  # every score q·k/√d is about −1000
     v = rng.standard_normal((T, 3)).astype(np.float32)
+    expected = _attention64(q, k, v)
     out = I.tiled_causal_attention(q, k, v, block_q=4, block_k=5)
     out = assert_ndarray(out, "tiled_causal_attention", dtype=np.float32, shape=(T, 3))
     if not np.isfinite(out).all():
@@ -275,7 +276,7 @@ def test_tiled_attention_when_every_score_is_far_below_zero():
             f"values of {out.size}. Your result matches a running max that starts at 0 (or is never raised above "
             f"it): exp(score − 0) underflows to 0, l stays 0 and acc / l is 0 / 0. m starts at −inf and each tile "
             f"raises it to max(m, max s)")
-    assert_close(out, _attention64(q, k, v), what="tiled attention with every score near −1000 (T=13, tiles 4×5)")
+    assert_close(out, expected, what="tiled attention with every score near −1000 (T=13, tiles 4×5)")
 
 
 def test_tiled_attention_is_float32_and_rejects_bad_shapes():
@@ -735,6 +736,28 @@ def test_accept_or_resample_single_row_cases():
             f"norm(max(0, p − q)) = [1, 0, 0], so it is token 0; got token {token}, accepted {ok}")
 
 
+def test_accept_or_resample_draws_one_number_per_row_then_one_more_per_row():
+    """The README's order of random numbers: rng.random(shape) for the acceptance tests, then rng.random(shape) again
+    for the residual's draws, every row included (the accepted ones ignore theirs)."""
+    drafted = np.array([1, 3, 0, 2, 5, 4, 1, 0])
+    n = len(drafted)
+    u = np.random.default_rng(21).random(n)  # the acceptance numbers the generator gives first
+    rng = np.random.default_rng(21)
+    _, accepted = I.accept_or_resample(np.tile(P, (n, 1)), np.tile(Q, (n, 1)), drafted, rng)
+    accepted = assert_ndarray(accepted, "accept_or_resample's accepted", dtype=bool, shape=(n,))
+    expected = u < np.minimum(1, P[drafted] / Q[drafted])
+    assert accepted.tolist() == expected.tolist(), (
+        f"with rng.random({n}) first, the drafts {drafted.tolist()} are accepted where u < min(1, p/q): "
+        f"{expected.tolist()}; got {accepted.tolist()}: draw the acceptance numbers first, one per row, in one call")
+    after = np.random.default_rng(21)
+    after.random(2 * n)
+    nxt = rng.random()
+    assert nxt == after.random(), (
+        f"accept_or_resample on {n} rows must take exactly 2·{n} numbers from rng: rng.random(shape) for the "
+        f"acceptance tests, then rng.random(shape) for the residual's draws, one for every row, accepted or not "
+        f"(the generator's next number after the call is not the {2 * n + 1}th)")
+
+
 def test_speculative_sample_accepts_every_draft_of_the_target_itself():
     f = load_fixture(LAB, "speculative")
     model = _model()
@@ -797,7 +820,7 @@ def test_speculative_sampling_with_prompt_lookup_follows_the_target():
     rng = np.random.default_rng(11)
     firsts, accepted, proposed = [], 0, 0
     for _ in range(LOOKUP_RUNS):
-        tokens, stats = I.speculative_sample(model, None, prompt, 2, k=1, ngram=2, temperature=0.5, rng=rng)
+        tokens, stats = I.speculative_sample(model, None, prompt.copy(), 2, k=1, ngram=2, temperature=0.5, rng=rng)
         tokens = assert_ndarray(tokens, "speculative_sample's tokens", dtype="iu", shape=(len(prompt) + 2,))
         firsts.append(int(tokens[len(prompt)]))
         accepted += int(stats["accepted"])
