@@ -111,7 +111,7 @@ def _check_timed(table, what, calls):
         f"times; each of the {REPEATS} repeats runs every part once, through the model's own sub-layers")
     rows = dict(table[:-1])
     slow = rows[SLOW_ROW]
-    assert slow >= SLOW, (
+    assert slow >= 0.9 * SLOW, (  # (a little below the sleep: clocks of other systems round it)
         f"{what}: the test's stand-in for {SLOW_ROW}'s c_fc sleeps {SLOW} s on each call, yet the row {SLOW_ROW} "
         f"says {slow:.3g} s: the rows were not measured part by part. Each row is the time of its own part, between "
         f"perf_counter() read just before it and just after")
