@@ -237,6 +237,23 @@ class Remote:
         self._stop()
         self.warm()
 
+    def restart(self) -> None:
+        """A new lab process from here on, in the same phase (a test that measures a process's
+        own peak memory starts from one that has done nothing else); no restart is counted."""
+        self._stop()
+        self.warm()
+
+    def peak_resident(self) -> int | None:
+        """The lab process's peak resident memory so far (VmHWM) in bytes, read by the grader
+        from outside it: lab code cannot change it. None if the grader cannot tell."""
+        if self.sid is None:
+            self._start()
+        if self.starting:
+            self._ready()
+        reply, _ = self._host({"op": "memory", "sid": self.sid})
+        kb = reply.get("peak_kb")
+        return int(kb) * 1024 if isinstance(kb, int) and kb > 0 else None
+
     def _stop(self, grace: float = 0.0) -> dict:
         """End the current lab process; returns its exit status as the grader saw it."""
         status = {}

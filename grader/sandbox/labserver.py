@@ -634,6 +634,17 @@ def proc_cpu(pid) -> float | None:
         return None
 
 
+def proc_peak_kb(pid) -> int | None:
+    """A process's peak resident memory so far (``/proc/<pid>/status``: VmHWM) in KiB; None
+    when it is gone. Read from outside the process, so that lab code cannot change what a
+    test that measures memory sees (lab 12)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            return next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
 def end_process(pid, grace, kill) -> dict:
     """Give a child of this process ``grace`` seconds to end by itself, else ``kill(pid)``
     it, and reap it: its ``exit`` code (-1 if none), ``signal`` (0 if none), whether it was
@@ -698,6 +709,8 @@ def _zygote(ctl_fd, config_path):
             elif op == "cpu":
                 pid = int(req["pid"])
                 reply = {"cpu": cpu_at_end[pid] if pid in cpu_at_end else proc_cpu(pid) or 0.0}
+            elif op == "memory":
+                reply = {"peak_kb": proc_peak_kb(int(req["pid"]))}
             elif op == "end":
                 pid = int(req["pid"])
                 before = proc_cpu(pid) or 0.0

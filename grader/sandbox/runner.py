@@ -525,6 +525,8 @@ class _LabProcesses:
                     reply, fds = self.spawn(str(req.get("lab", "")), str(req.get("phase", "public")))
                 elif op == "cpu":
                     reply = {"cpu": self.cpu(int(req["sid"]))}
+                elif op == "memory":
+                    reply = {"peak_kb": self.peak_resident_kb(int(req["sid"]))}
                 elif op == "kill":
                     reply = self.kill(int(req["sid"]), grace=min(2.0, float(req.get("grace", 0))))
                 else:
@@ -729,6 +731,16 @@ class _LabProcesses:
         if p.proc is None:
             return float(self._ask_zygote({"op": "cpu", "pid": p.pid})["cpu"])
         return _tree_cpu(p.proc.pid)
+
+    def peak_resident_kb(self, sid: int) -> int | None:
+        """A lab process's peak resident memory so far (VmHWM, KiB), read by the host (or the
+        zygote) from /proc, out of the lab code's reach; None if unknown."""
+        p = self.procs[sid]
+        if p.status:
+            return int(p.status.get("maxrss_kb", 0) or 0) or None
+        if p.proc is None:
+            return self._ask_zygote({"op": "memory", "pid": p.pid}).get("peak_kb")
+        return labserver.proc_peak_kb(_tree_leaf(p.proc.pid))
 
     def kill(self, sid: int, grace: float = 0.0) -> dict:
         """End a lab process (after ``grace`` seconds to end by itself); its exit status and CPU time."""

@@ -45,6 +45,11 @@ BATCH_NEW = [6, 2, 9, 4, 8]  # max_new_tokens of each
 MAX_BATCH = 2
 SLOT_CALLS = [((2,), 5, "a"), ((0,), 9, "b"), ((0, 2), 1, "ba"), ((2, 0), 3, "ab")]  # (slots, T, which rows)
 SPEC_NEW = 23
+# speculative_sample this cold is greedy: p and q are one-hot (along the greedy tokens the target's two
+# largest logits differ by more than 4e-3, so exp(−gap / COLD) is 0), whatever the random numbers
+COLD = 1e-6
+# prompt lookup proposes 25 after this prompt; at WARM the target gives it 0.33 (0.11 at temperature 1)
+LOOKUP_PROMPT, WARM = [23, 35, 25, 23, 19, 1, 23, 35], 0.5
 LOOKUP = [([1, 2, 3, 4, 5, 1, 2, 3, 9, 9, 1, 2, 3], 4, 3), ([5, 6, 7, 0, 8, 7, 0, 5, 6, 7], 3, 3),
           ([1, 2, 3, 4], 2, 3), ([4, 4, 4, 4], 5, 3), ([3, 1, 3, 2, 3, 1, 3], 2, 2)]
 
@@ -187,6 +192,20 @@ def _speculative_case(inf, gen, gpt, model, state, rng):
                 "lookup": (None, 3, 2, p1, None), "eos": (near, 3, 3, p0, eos)}
     case = {**_params(near_state, "near."), **_params(small_state, "small."), "prompt_0": p0, "prompt_1": p1,
             "eos": np.array(eos)}
+    # the near draft's own greedy tokens after a context, and after that context cut back and changed
+    context = greedy0[:10]
+    case["drafter_context"], case["drafter_tokens"] = context, gen.generate(near, context[None], 3, temperature=0)[0, 10:]
+    changed = np.concatenate([context[:8], [(int(context[8]) + 1) % SHAPE.vocab_size]])
+    case["drafter_changed"] = changed
+    case["drafter_changed_tokens"] = gen.generate(near, changed[None], 3, temperature=0)[0, 9:]
+    # prompt lookup's one draft, and the target's distribution for it at WARM and at temperature 1
+    lookup_prompt = np.array(LOOKUP_PROMPT, dtype=np.int64)
+    logits = model(lookup_prompt[None])[0, -1].astype(np.float64)
+    case["sample_prompt"], case["sample_draft"] = lookup_prompt, inf.prompt_lookup_draft(lookup_prompt, 1, ngram=2)
+    for key, temperature in (("sample_p", WARM), ("sample_p1", 1.0)):
+        z = np.exp(logits / temperature - (logits / temperature).max())
+        case[key] = z / z.sum()
+    assert case["sample_draft"].shape == (1,) and 0.25 < case["sample_p"][case["sample_draft"][0]] < 0.6
     for name, (draft, k, ngram, prompt, e) in settings.items():
         case[f"tokens_{name}"] = gen.generate(model, prompt[None], SPEC_NEW, temperature=0, eos_token_id=e)[0]
         case[f"k_{name}"], case[f"ngram_{name}"] = np.array(k), np.array(ngram)
@@ -200,6 +219,13 @@ def _speculative_case(inf, gen, gpt, model, state, rng):
                 continue
             out[f"tokens_{name}"] = tokens
             out[f"counts_{name}"] = np.array([stats["proposed"], stats["accepted"], stats["rounds"]])
+        try:  # sampling so cold that it is greedy, with the near draft: rejections and acceptances
+            tokens, stats = m.speculative_sample(model, near, p0, SPEC_NEW, k=settings["near"][1], temperature=COLD,
+                                                 rng=np.random.default_rng(5))
+        except Exception:  # noqa: BLE001
+            return out
+        out["cold_tokens"] = tokens
+        out["cold_counts"] = np.array([stats["proposed"], stats["accepted"], stats["rounds"]])
         return out
 
     ref = outputs(inf)
@@ -208,6 +234,8 @@ def _speculative_case(inf, gen, gpt, model, state, rng):
     proposed, accepted, _ = ref["counts_near"]
     assert 0.2 < accepted / proposed < 0.95, f"the near draft's acceptance {accepted}/{proposed}: change NEAR_NOISE"
     assert ref["counts_lookup"][1] > 0, "prompt lookup never accepted: change prompt_1"
+    assert np.array_equal(ref["cold_tokens"], case["tokens_near"]), "cold speculative sampling is not greedy"
+    assert np.array_equal(ref["cold_counts"], ref["counts_near"]), "cold speculative sampling's counts differ"
     case.update(ref)
     return {**case, **diagnoses(LAB, "speculative", case, outputs, "inference")}
 

@@ -542,8 +542,9 @@ def accept_or_resample(p: np.ndarray, q: np.ndarray, token, rng: np.random.Gener
         q: (..., V) the draft's probabilities, from which ``token`` was drawn.
         token: (...) int, the drafted token of each row (a Python int for a single row).
         rng: the generator every random number comes from: first one uniform number per row
-            (``rng.random(shape)``, accept when it is < p/q), then one per row for the
-            residual draws (inverse CDF).
+            (``rng.random(shape)``, accept when it is < p/q), then ``rng.random(shape)``
+            again, one number for every row, accepted or not, for the residual's inverse-CDF
+            draw (the accepted rows ignore theirs).
 
     Returns:
         (tokens int64 (...), accepted bool (...)): the token each row keeps (the draft's if
@@ -606,7 +607,9 @@ class Drafter:
 
     def keep(self, length: int) -> None:
         """After a round: the new context's first ``length`` tokens are all the draft's cache
-        may keep (what it holds past them was rejected)."""
+        may keep (what it holds past them was rejected). The decoders pass ``len(tokens) − 1``:
+        every token but the new last one, as the target's cache keeps; the draft's length
+        becomes ``min(what it holds, length)``."""
         # YOUR CODE HERE
         raise NotImplementedError("Lab 12 · Drafter.keep: cut the draft's cache back to at most length positions")
 
@@ -764,7 +767,8 @@ class Int8Embedding(Layer):
     ``layer(token_ids)`` → (…, D) float32, the rows looked up and dequantised;
     ``layer.head(x)`` → x @ W (N, V), dequantised tile by tile over the vocabulary;
     ``layer.weight`` → the whole (V, D) table dequantised (made on each access: slow and
-    large; for code such as lab 04's forward that reads the float table).
+    large; for code such as lab 04's forward that reads the float table). Look rows up with
+    ``layer(token_ids)`` and make logits with ``layer.head(x)`` (``_head``) instead.
 
     Attributes: qweight int8 (V, D); scales float32 (V, ceil(D / block)); block.
     """
