@@ -478,27 +478,6 @@ def embed_rows(model: GPTModel, token_ids: np.ndarray, starts: np.ndarray) -> np
     ### END SOLUTION
 
 
-# Multiply-adds below which one product runs on one BLAS thread (``small_products``): a
-# decoding step's per-head products, (1, 64) @ (64, S), last microseconds, and waking
-# every BLAS thread for each of them costs more than the product (measured at 16 threads:
-# docs/performance.md). 0 turns the limit off.
-SMALL_PRODUCT = 1 << 17
-
-
-def small_products(work: int | None, restore: int | None = None) -> int | None:
-    """Per-size BLAS threads, for a run of small products in the calling thread: with
-    ``work`` (multiply-adds per product) under ``SMALL_PRODUCT``, BLAS goes to one thread
-    and the count it had is returned (None when nothing changed); ``small_products(None,
-    count)`` after the products puts that count back (nothing when ``count`` is None)."""
-    if work is None:
-        if restore is not None:
-            blas_threads(restore)
-        return None
-    if work >= SMALL_PRODUCT or blas_threads() == 1:
-        return None
-    return blas_threads(1)
-
-
 def attend_rows(attn, h: np.ndarray, cache: SlotCache, layer: int, slots: np.ndarray,
                 starts: np.ndarray, T: int) -> np.ndarray:
     """One block's attention for rows whose new tokens start at their own positions: the new
@@ -515,7 +494,7 @@ def attend_rows(attn, h: np.ndarray, cache: SlotCache, layer: int, slots: np.nda
     Returns:
         (B·T, D): ``c_proj`` of the heads' outputs side by side.
     """
-    ### BEGIN SOLUTION c_attn into q, k, v heads; write k, v at each row's own positions in its slot; small_products around the per-head products; scores over keys 0 … max end, -inf past each row's own position; softmax; @ v; merge heads; c_proj
+    ### BEGIN SOLUTION c_attn into q, k, v heads; write k, v at each row's own positions in its slot; scores over keys 0 … max end, -inf past each row's own position; softmax; @ v; merge heads; c_proj
     B = len(slots)
     H, dh, D = attn.num_heads, attn.d_head, attn.d_model
     qkv = _linear(attn.c_attn, h).reshape(B, T, 3, H, dh).transpose(2, 0, 3, 1, 4)  # (3, B, H, T, dh)
@@ -526,7 +505,6 @@ def attend_rows(attn, h: np.ndarray, cache: SlotCache, layer: int, slots: np.nda
         values[s, :, p : p + T] = qkv[2, b]
     S = int(starts.max()) + T
     K, Vv = _slot_rows(keys, slots, S), _slot_rows(values, slots, S)  # (B, H, S, dh)
-    threads = small_products(T * S * dh)  # one (T, dh) @ (dh, S) per head: one BLAS thread when small
     scores = (qkv[0] * (1.0 / math.sqrt(dh))) @ K.swapaxes(-1, -2)  # (B, H, T, S)
     if B > 1 or T > 1:  # (one new token of one row sees every key: nothing to mask)
         future = np.arange(S)[None, None, :] > (starts[:, None, None] + np.arange(T)[None, :, None])  # (B, T, S)
@@ -536,7 +514,6 @@ def attend_rows(attn, h: np.ndarray, cache: SlotCache, layer: int, slots: np.nda
     np.exp(scores, out=scores)
     scores /= scores.sum(axis=-1, keepdims=True)
     out = scores @ Vv  # (B, H, T, dh)
-    small_products(None, threads)
     return _linear(attn.c_proj, out.transpose(0, 2, 1, 3).reshape(B * T, D))
     ### END SOLUTION
 

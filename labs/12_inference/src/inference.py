@@ -349,27 +349,6 @@ def embed_rows(model: GPTModel, token_ids: np.ndarray, starts: np.ndarray) -> np
     raise NotImplementedError("Lab 12 · embed_rows: each row's own positions starts[b] + 0 … T-1; token embeddings plus those rows of wpe.weight, flattened to (B·T, D)")
 
 
-# Multiply-adds below which one product runs on one BLAS thread (``small_products``): a
-# decoding step's per-head products, (1, 64) @ (64, S), last microseconds, and waking
-# every BLAS thread for each of them costs more than the product (measured at 16 threads:
-# docs/performance.md). 0 turns the limit off.
-SMALL_PRODUCT = 1 << 17
-
-
-def small_products(work: int | None, restore: int | None = None) -> int | None:
-    """Per-size BLAS threads, for a run of small products in the calling thread: with
-    ``work`` (multiply-adds per product) under ``SMALL_PRODUCT``, BLAS goes to one thread
-    and the count it had is returned (None when nothing changed); ``small_products(None,
-    count)`` after the products puts that count back (nothing when ``count`` is None)."""
-    if work is None:
-        if restore is not None:
-            blas_threads(restore)
-        return None
-    if work >= SMALL_PRODUCT or blas_threads() == 1:
-        return None
-    return blas_threads(1)
-
-
 def attend_rows(attn, h: np.ndarray, cache: SlotCache, layer: int, slots: np.ndarray,
                 starts: np.ndarray, T: int) -> np.ndarray:
     """One block's attention for rows whose new tokens start at their own positions: the new
@@ -387,7 +366,7 @@ def attend_rows(attn, h: np.ndarray, cache: SlotCache, layer: int, slots: np.nda
         (B·T, D): ``c_proj`` of the heads' outputs side by side.
     """
     # YOUR CODE HERE
-    raise NotImplementedError("Lab 12 · attend_rows: c_attn into q, k, v heads; write k, v at each row's own positions in its slot; small_products around the per-head products; scores over keys 0 … max end, -inf past each row's own position; softmax; @ v; merge heads; c_proj")
+    raise NotImplementedError("Lab 12 · attend_rows: c_attn into q, k, v heads; write k, v at each row's own positions in its slot; scores over keys 0 … max end, -inf past each row's own position; softmax; @ v; merge heads; c_proj")
 
 
 def forward_slots(model: GPTModel, token_ids: np.ndarray, cache: SlotCache, slots: np.ndarray) -> np.ndarray:
