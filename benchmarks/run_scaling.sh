@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The scaling runs on a many-core machine, in one go: bench_inference's forward and
-# decoding sections, the decoding step's profile, int8's dequantisation bound,
+# decoding sections, the thread probes (threads_probe.py), int8's dequantisation bound,
 # bench_forward and bench_generation, at the thread counts of COUNTS (default 1, 2 and
 # THREADS; THREADS defaults to every core), each report kept as OUT/<name>.md (stderr
 # beside it), each run under its own time limit so that one slow run cannot take the
@@ -28,7 +28,7 @@ run() {
 
 echo "threads: $N; counts: ${COUNTS:-1,2,$N}; load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 run inference 110 benchmarks/bench_inference.py --threads "$N" --repeats 2 --new-tokens 12 --only forward,decoding
-run decode_step 25 benchmarks/decode_step.py --threads "$N" --repeats 10
+OPENBLAS_NUM_THREADS=$N run probe 60 benchmarks/threads_probe.py
 run int8_tiles 30 benchmarks/bench_inference.py --threads "$N" --repeats 2 --new-tokens 8 --only tiles
 run forward 40 benchmarks/bench_forward.py --threads "$N" --repeats 1
 run generation 40 benchmarks/bench_generation.py --threads "$N" --new-tokens 16 --repeats 1
