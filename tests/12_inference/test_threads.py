@@ -15,7 +15,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gptkit.testing import assert_close, explains_errors, fixture_params, lab, load_fixture, raises_clearly
+from gptkit.testing import (arguments_written_back, assert_close, explains_errors, fixture_params, lab, load_fixture,
+                            raises_clearly)
 from gptkit.testing.parameters import set_parameters
 
 I = lab("inference")
@@ -153,10 +154,11 @@ def test_threaded_forward_equals_the_single_threaded_one():
         assert_close(got, f["logits"], what=f"threaded_forward with {threads} thread(s) (lab 04's model(ids) is the "
                      "reference)", atol=1e-4)
     out = np.full((B, T, V), np.nan, np.float32)
-    with I.RowPool(2) as pool:
+    with I.RowPool(2) as pool, arguments_written_back():
         got = I.threaded_forward(model, ids, pool, out=out)
-    assert got is out, "threaded_forward(..., out=out) returns out itself"
-    assert_close(out, f["logits"], what="the logits threaded_forward wrote into out", atol=1e-4)
+    assert_close(out, f["logits"], what="the logits threaded_forward wrote into out", atol=1e-4,
+                 hint="with out given, write the logits into it (np.matmul(..., out=...)) and return it")
+    assert_close(got, out, what="what threaded_forward(..., out=out) returns: out itself, holding the logits", atol=0)
 
 
 def test_threaded_forward_hands_its_work_to_the_pool():
