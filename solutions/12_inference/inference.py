@@ -4,6 +4,7 @@ Labs 04 and 06 compute the right numbers; this lab computes the same numbers in 
 and memory, with the techniques every serving engine uses:
 
     measure ─ tiled attention ─ a fast forward ─ batched decoding ─ speculative decoding ─ int8 weights
+    ─ every core
 
 Shapes: B batch (rows), T tokens fed in this call, S keys (cached + new, S ≥ T), D model
 width, H heads, d_head = D / H, F the feed-forward width, V vocabulary size, L the model's
@@ -22,7 +23,10 @@ The parts, in the order the README's tasks take them:
 - speculative decoding: ``prompt_lookup_draft``, ``Drafter`` (a draft model or prompt
   lookup), ``speculative_greedy``, ``accept_or_resample``, ``speculative_sample``;
 - weight-only int8: ``quantize_int8``, ``dequantize_int8``, ``Int8Linear``,
-  ``Int8Embedding`` (given), ``quantize_model``.
+  ``Int8Embedding`` (given), ``quantize_model``;
+- every core: ``row_blocks`` (rows split for threads), ``RowPool`` (a thread pool made once;
+  ``map`` runs row blocks with BLAS at one thread), ``threaded_forward`` (``fast_forward``
+  with the work between the products on the pool); ``blas_threads`` is given.
 
 What each part reuses: lab 04's ``GPTModel`` and its sub-layers (the parameters, and the
 layers' own ``__call__`` for the products, so an int8 model runs through the same code),

@@ -44,7 +44,8 @@ def _expected_blocks(n, parts, min_rows):
 # --- row blocks -----------------------------------------------------------------------------------------
 
 def test_row_blocks_examples():
-    assert I.row_blocks(10, 3) == [(0, 4), (4, 7), (7, 10)], "row_blocks(10, 3): sizes 4, 3, 3, the larger first"
+    assert I.row_blocks(10, 3) == [(0, 4), (4, 7), (7, 10)], \
+        "row_blocks(10, 3): blocks that cover every row, 0 … 9, sizes 4, 3, 3, the larger first"
     assert I.row_blocks(10, 4, min_rows=4) == [(0, 5), (5, 10)], \
         "row_blocks(10, 4, min_rows=4): four blocks would hold fewer than 4 rows each, so two of 5"
     assert I.row_blocks(3, 8) == [(0, 1), (1, 2), (2, 3)], "row_blocks(3, 8): no block may be empty"
