@@ -183,6 +183,11 @@ def test_threaded_forward_hands_its_work_to_the_pool():
 
 def test_threaded_forward_checks_its_input():
     model, f = _model()
+    with I.RowPool(2) as pool:
+        logits = I.threaded_forward(model, f["ids"][:1, :10], pool)
+    assert_close(logits, f["logits"][:1, :10], what="threaded_forward on the first 10 tokens of row 0", atol=1e-4)
+    assert logits.dtype == np.float32 and logits.shape == (1, 10, V), \
+        f"threaded_forward returns float32 (B, T, V) logits, got {logits.dtype} {logits.shape}"
     with raises_clearly(TypeError, when="threaded_forward with a pool that is not a RowPool", mentions="RowPool"):
         I.threaded_forward(model, f["ids"], None)
     with I.RowPool(2) as pool, raises_clearly(ValueError, when=f"threaded_forward on {L + 1} tokens",
