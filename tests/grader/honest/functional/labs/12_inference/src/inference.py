@@ -8,6 +8,7 @@ the residual draws come from cumulative sums; int8 scales come from np.maximum.r
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -1084,7 +1085,10 @@ def _blas_libraries() -> list:
     where ``threadpool_limits`` scans the process's libraries every time."""
     global _BLAS
     if _BLAS is None:
-        _BLAS = [lib for lib in ThreadpoolController().lib_controllers if lib.user_api == "blas"]
+        try:
+            _BLAS = [lib for lib in ThreadpoolController().lib_controllers if lib.user_api == "blas"]
+        except OSError:  # a sandbox that hides the process's library list: BLAS stays as it was started
+            _BLAS = []
     return _BLAS
 
 
@@ -1139,12 +1143,14 @@ class RowPool:
             threads in the pool). 1: no pool, every block runs in the calling thread.
         min_rows: the fewest rows worth a block of their own (``row_blocks``).
         last_blocks: the blocks of the latest ``map`` call, as handed out.
+        maps: the ``n`` of every ``map`` call so far, in order.
     """
 
     def __init__(self, threads: int, *, min_rows: int = 16):
         self.threads = check_length(threads, "threads")
         self.min_rows = check_length(min_rows, "min_rows")
         self.last_blocks: list[tuple[int, int]] = []
+        self.maps: list[int] = []
         self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="rowpool") if self.threads > 1 else None
 
     def close(self) -> None:
@@ -1164,7 +1170,8 @@ class RowPool:
         in the calling thread, with NumPy's BLAS at one thread until every block has
         finished (then back to its count before). ``fn`` writes its rows in place (its
         return value is ignored); an exception raised in a block is raised here. Records
-        the blocks in ``last_blocks``."""
+        the blocks in ``last_blocks`` (``maps`` records each call's ``n``: given)."""
+        self.maps.append(int(n))
         blocks = row_blocks(n, self.threads, min_rows or self.min_rows)
         self.last_blocks = blocks
         if not blocks:
@@ -1181,6 +1188,24 @@ class RowPool:
                 deque(map(Future.result, pending), maxlen=0)
         finally:
             blas_threads(saved)
+
+
+class BlockLog:
+    """A ``fn`` for ``RowPool.map`` that only records how it was called: ``calls`` lists
+    ``(start, stop, in_caller, blas)`` per block, ``in_caller`` True when the block ran in
+    the thread that made this log (the one that calls ``map``), ``blas`` the BLAS thread
+    count inside the block. With ``fail_at``, the block starting there raises
+    ZeroDivisionError (an error inside a pool thread)."""
+
+    def __init__(self, fail_at: int | None = None):
+        self.fail_at, self.calls, self._caller = fail_at, [], threading.get_ident()
+        self._lock = threading.Lock()
+
+    def __call__(self, start: int, stop: int) -> None:
+        with self._lock:
+            self.calls.append((int(start), int(stop), threading.get_ident() == self._caller, blas_threads()))
+        if self.fail_at is not None and start == self.fail_at:
+            raise ZeroDivisionError(f"block {start} … {stop} failed (BlockLog(fail_at={self.fail_at}))")
 
 
 def _product(layer, x: np.ndarray, out: np.ndarray):
