@@ -173,7 +173,7 @@ class Speculation(ABC):
 RowBlock = namedtuple("RowBlock", "index start stop")
 
 
-def row_blocks(rows: int, block: int, first: int = 0):
+def scale_blocks(rows: int, block: int, first: int = 0):
     """The blocks of ``block`` rows covering rows first … rows − 1 (first a multiple of block)."""
     for start in range(first, rows, block):
         yield RowBlock(start // block, start, min(start + block, rows))
@@ -1060,7 +1060,7 @@ def quantize_int8(W: np.ndarray, block: int = 64) -> tuple[np.ndarray, np.ndarra
     d_in, d_out = W.shape
     q = np.zeros((d_in, d_out), dtype=np.int8)
     scales = np.zeros((-(-d_in // block), d_out), dtype=np.float32)
-    for rb in row_blocks(d_in, block):
+    for rb in scale_blocks(d_in, block):
         rows = W32[rb.start:rb.stop]
         scale = (np.abs(rows).max(axis=0) / 127.0).astype(np.float32)
         divisor = np.where(scale > 0, scale, np.float32(1.0))
@@ -1085,7 +1085,7 @@ def dequantize_int8(q: np.ndarray, scales: np.ndarray, block: int = 64) -> np.nd
     inverse of ``quantize_int8`` up to its rounding)."""
     q, scales, block = _check_quantised(q, scales, block)
     W = q.astype(np.float32)
-    for rb in row_blocks(q.shape[0], block):
+    for rb in scale_blocks(q.shape[0], block):
         W[rb.start:rb.stop] *= scales[rb.index]
     return W
 
@@ -1124,7 +1124,7 @@ class Int8Linear(Layer):
         for r0 in range(0, self.d_in, tile_rows):
             r1 = min(r0 + tile_rows, self.d_in)
             tile = self.qweight[r0:r1].astype(np.float32)
-            for rb in row_blocks(r1, self.block, first=r0):
+            for rb in scale_blocks(r1, self.block, first=r0):
                 tile[rb.start - r0:rb.stop - r0] *= self.scales[rb.index]
             y += x2[:, r0:r1] @ tile
         if self.bias is not None:
