@@ -29,6 +29,10 @@ products themselves come, before any other work of a step. And between the two, 
 decoding stripped to its arithmetic (``stripped.py``: no checks, no layers, the fewest
 NumPy calls per step): how near the bound NumPy itself comes.
 
+Then a scaling table: lab 06's cached decoding, HuggingFace's ``generate()`` and the
+products alone at 1 thread, 2 threads and ``--threads``, the same count on both sides of
+each row (threadpoolctl and ``torch.set_num_threads``).
+
 Targets: NumPy with cache ≥ 1.1× HuggingFace, ≥ 80% of the bound, ≥ 5× NumPy without
 a cache. This script prints; it asserts nothing.
 """
@@ -77,9 +81,41 @@ def main() -> None:
     print(f"- same {n} tokens from NumPy (cache), NumPy (no cache), the stripped step and HuggingFace: "
           f"{common.all_same(outputs.values())}")
     print()
-    common.print_summary(f"lab 06 decodes GPT-2 small at {ours:.1f} tokens/s with its KV cache, "
-                         f"{ours / speed['HuggingFace generate()']:.2f}× HuggingFace's `generate()` and "
-                         f"{100 * ours / bound:.0f}% of the memory-bandwidth bound ({common.threads(THREADS)})")
+    scaled = scaling(args, model, hf, prompt, generation)
+    top = THREADS
+    others = ", ".join(f"{scaled[c]:.2f}× at {common.threads(c)}" for c in sorted(scaled) if c != top)
+    common.print_summary(f"lab 06 decodes GPT-2 small at {ours:.1f} tokens/s with its KV cache at "
+                         f"{common.threads(THREADS)}, {ours / speed['HuggingFace generate()']:.2f}× HuggingFace's "
+                         f"`generate()` ({others} in the scaling table) and {100 * ours / bound:.0f}% of the "
+                         f"memory-bandwidth bound")
+
+
+def scaling(args, model, hf, prompt, generation) -> dict:
+    """The scaling table: lab 06's cached decoding, HuggingFace's ``generate()`` and the
+    decoder's products alone at 1, 2 and ``--threads`` threads, the same count on both sides
+    of each row; returns {threads: NumPy ÷ HuggingFace}."""
+    n = args.new_tokens
+    matrices = [w for b in model.h for w in (b.attn.c_attn.weight, b.attn.c_proj.weight, b.mlp.c_fc.weight,
+                                             b.mlp.c_proj.weight)] + [model.wte.weight.T]
+    rows, ratios = [], {}
+    for count in common.thread_counts(THREADS):
+        with common.at_threads(count):
+            times, _ = common.time_runs({
+                "numpy": (lambda: generation.generate(model, prompt, n, temperature=0), args.repeats),
+                "hf": (common.hf_greedy(hf, prompt, n), args.repeats),
+                **common.matvecs_run(matrices, n, args.repeats)})
+        ours, theirs, alone = (n / times[k] for k in ("numpy", "hf", common.PROBE + "products alone"))
+        ratios[count] = ours / theirs
+        rows.append([count, f"{ours:.1f}", f"{theirs:.1f}", f"{ours / theirs:.2f}", f"{alone:.1f}",
+                     f"{100 * ours / alone:.0f}%"])
+    print("Scaling: the same task at each thread count (best of the repeats, the runs taking turns):")
+    print()
+    common.print_scaling(["NumPy + KV cache tokens/s", "HuggingFace tokens/s", "NumPy ÷ HuggingFace",
+                          "products alone tokens/s", "NumPy ÷ its products alone"], rows)
+    print("The ratios change with the thread count: more threads speed up the products (the mat-vecs read the "
+          "weights with more cores' bandwidth) on both sides, while each NumPy step's other calls run on one core.")
+    print()
+    return ratios
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ machine's own limits, in one run.
 
     uv run --extra torch python benchmarks/bench_inference.py [--threads N] [--seq 1024]
         [--prompt 32] [--new-tokens 32] [--streams 8] [--repeats 7] [--k 3] [--prompts 6]
-        [--windows 64]
+        [--windows 64] [--only forward,decoding,speculative,int8]
 
 Five measurements, each a table of its contestants, their ratios and the targets:
 
@@ -34,8 +34,20 @@ Five measurements, each a table of its contestants, their ratios and the targets
    it the most that the measured acceptance and the draft's cost per step allow.
 5. Weight-only int8 (``quantize_model``, the tied head too): the weights' bytes against
    float32 (3.5–4× smaller), GPT-2 small's one-stream decoding in lab 12's decoder against
-   float32 (≥ 1.2×), with the products alone of each, and the trained model's perplexity
-   on held-out Shakespeare (within 1%).
+   float32 (no speed target: NumPy has no int8 product), with the products alone of each,
+   the trained model's perplexity on held-out Shakespeare (within 1%), and at 1, 2 and
+   ``--threads`` threads the best NumPy can do: the block matrices dequantised tile by tile
+   into a cache-sized buffer per thread, against float32, and the dequantisation alone,
+   whose time bounds any NumPy int8 product (``--only tiles`` runs these rows alone).
+
+Sections 1–3 run at 1 thread, 2 threads and ``--threads`` (``common.thread_counts``; the
+environment variable ``BENCH_COUNTS`` picks others), NumPy's BLAS, lab 12's ``RowPool``
+and PyTorch at the same count, the forward with lab 12's ``threaded_forward`` and the other
+work in the pool beside the one-thread contestants; then one scaling table of their
+ratios, with the targets for 16 threads (threaded forward ≤ 1.6× PyTorch, its other work
+≤ 0.4× PyTorch's forward, one stream ≥ 85% of its products, 8 streams ≥ 1.0× HuggingFace)
+and for 2 (the other work in the pool ≤ 0.6× its one-thread time). ``--only`` picks
+sections: forward, decoding, speculative, int8, tiles.
 
 The code is the reference's (solutions/). NumPy's BLAS and PyTorch use the same
 ``--threads`` (default: every core). Timed runs take turns (``common.time_runs``: a warm-up
@@ -52,6 +64,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -79,6 +92,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--k", type=int, default=3, help="tokens proposed per speculative round (default 3)")
     p.add_argument("--prompts", type=int, default=6, help="held-out prompts for speculative decoding (default 6)")
     p.add_argument("--windows", type=int, default=64, help="held-out 64-token windows for perplexity (default 64)")
+    p.add_argument("--only", default="", help="comma-separated sections to run: forward, decoding, speculative, "
+                                              "int8, or tiles (int8's scaling rows alone) (default: all but tiles)")
     return p.parse_args()
 
 
@@ -155,7 +170,40 @@ def forward_other_work(model, T: int, inference):
     return other
 
 
-def bench_forward(args, model, hf, inference) -> dict:
+def forward_other_work_threaded(model, T: int, inference, pool):
+    """``forward_other_work`` over the row blocks of ``pool`` (lab 12's ``RowPool``, BLAS at
+    one thread inside): each block of rows gets its softmax, GELU, LayerNorms, biases and
+    residual additions, the same passes as the one-thread version, one pool call per kind."""
+    D, H = model.d_model, model.h[0].attn.num_heads
+    half = np.ones((H * T, (T + 1) // 2), np.float32)
+    hidden, x, y = np.ones((T, 4 * D), np.float32), np.ones((T, D), np.float32), np.ones((T, D), np.float32)
+    qkv = np.ones((T, 3 * D), np.float32)
+    ln = model.h[0].ln_1
+
+    def softmax(a, b):
+        rows = half[a:b]
+        np.subtract(rows, rows.max(axis=-1, keepdims=True), out=rows)
+        np.exp(rows, out=rows)
+        rows.sum(axis=-1)
+
+    def rest(bias):
+        def rows(a, b):
+            inference.fast_gelu(hidden[a:b])
+            inference._layer_norm(x[a:b], ln), inference._layer_norm(x[a:b], ln)
+            for out, add in ((qkv, bias[0]), (y, bias[1]), (hidden, bias[2]), (y, bias[3]), (x, y[a:b]), (x, y[a:b])):
+                np.add(out[a:b], add, out=out[a:b])
+        return rows
+
+    def other():
+        for b in model.h:
+            pool.map(softmax, H * T)
+            pool.map(rest((b.attn.c_attn.bias, b.attn.c_proj.bias, b.mlp.c_fc.bias, b.mlp.c_proj.bias)), T)
+        pool.map(lambda a, b: inference._layer_norm(x[a:b], model.ln_f), T)
+
+    return other
+
+
+def bench_forward(args, model, hf, inference, threads: int, pool) -> dict:
     import torch
 
     T = args.seq
@@ -167,24 +215,30 @@ def bench_forward(args, model, hf, inference) -> dict:
             return hf(t_ids).logits.numpy()
 
     kept = np.empty((1, T, model.vocab_size), np.float32)  # the logits' array, kept from call to call
+    kept_threaded = np.empty_like(kept)
     fast_kept, fast_fresh = "lab 12 fast forward, logits into a kept array", "lab 12 fast forward, fresh logits"
+    threaded = f"lab 12 threaded forward (RowPool({threads})), logits into a kept array"
     times, outputs = common.time_runs({
         "PyTorch (HuggingFace GPT2LMHeadModel)": (pytorch, args.repeats),
         fast_kept: (lambda: inference.fast_forward(model, ids, out=kept), args.repeats),
+        threaded: (lambda: inference.threaded_forward(model, ids, pool, out=kept_threaded), args.repeats),
         fast_fresh: (lambda: inference.fast_forward(model, ids), args.repeats),
         "lab 04 plain forward": (lambda: model(ids), args.repeats),
         common.PROBE + "products alone": (forward_products(model, T), args.repeats),
-        common.PROBE + "other work alone": (forward_other_work(model, T, inference), args.repeats)})
+        common.PROBE + "other work alone": (forward_other_work(model, T, inference), args.repeats),
+        common.PROBE + "other work threaded": (forward_other_work_threaded(model, T, inference, pool), args.repeats)})
     times["the products alone (NumPy)"] = times.pop(common.PROBE + "products alone")
-    times["the other work alone (NumPy)"] = times.pop(common.PROBE + "other work alone")
-    print(f"### Forward pass, GPT-2 small, T = {T}, batch 1")
+    times["the other work alone (NumPy, one thread)"] = times.pop(common.PROBE + "other work alone")
+    times[f"the other work alone, RowPool({threads})"] = times.pop(common.PROBE + "other work threaded")
+    print(f"### Forward pass, GPT-2 small, T = {T}, batch 1, {common.threads(threads)}")
     print()
     base = "PyTorch (HuggingFace GPT2LMHeadModel)"
     seconds_table(times, base, "PyTorch")
     fast, fresh = times[fast_kept] / times[base], times[fast_fresh] / times[base]
     plain = times["lab 04 plain forward"] / times[base]
     alone = times["the products alone (NumPy)"] / times[base]
-    diff = max(float(np.abs(outputs[k] - outputs[base]).max()) for k in (fast_kept, fast_fresh, "lab 04 plain forward"))
+    diff = max(float(np.abs(outputs[k] - outputs[base]).max()) for k in (fast_kept, fast_fresh, threaded,
+                                                                          "lab 04 plain forward"))
     check("lab 12 fast forward ÷ PyTorch, logits into a kept array", f"{fast:.2f}×", "≤ 0.9×", fast <= 0.9)
     print(f"  - with a fresh logits array per call: {fresh:.2f}× (a ({T}, {model.vocab_size}) float32 array is "
           f"{kept.nbytes / 1e6:.0f} MB of new memory, every page of it faulted in and zeroed by the kernel; "
@@ -192,13 +246,19 @@ def bench_forward(args, model, hf, inference) -> dict:
     print(f"- lab 04 plain forward ÷ PyTorch: {plain:.2f}×; the products alone ÷ PyTorch: {alone:.2f}×"
           f" (the fast forward spends {100 * times['the products alone (NumPy)'] / times[fast_kept]:.0f}%"
           " of its time in them)")
-    floor = (times["the products alone (NumPy)"] + times["the other work alone (NumPy)"]) / times[base]
+    other1, otherN = times["the other work alone (NumPy, one thread)"], times[f"the other work alone, RowPool({threads})"]
+    print(f"- lab 12 threaded forward ÷ PyTorch: {times[threaded] / times[base]:.2f}×; the other work alone ÷ "
+          f"PyTorch's whole forward: {other1 / times[base]:.2f}× on one thread, {otherN / times[base]:.2f}× in "
+          f"RowPool({threads}) ({otherN / other1:.2f}× its one-thread time)")
+    floor = (times["the products alone (NumPy)"] + min(other1, otherN)) / times[base]
     print(f"- the products alone and the other work alone together ÷ PyTorch: {floor:.2f}× (the least a NumPy "
           "forward can take here, each part at its fewest passes with nothing between them, into arrays made "
           "beforehand)")
     print(f"- largest |Δ logit| against PyTorch: {diff:.2e}")
     print()
-    return {"fast": fast, "fresh": fresh, "plain": plain, "floor": floor}
+    return {"fast": fast, "fresh": fresh, "plain": plain, "floor": floor, "threaded": times[threaded] / times[base],
+            "alone": alone, "other": other1 / times[base], "other_pool": otherN / times[base],
+            "other_scaling": otherN / other1}
 
 
 # -- 2 and 3. single-stream and batched decoding --------------------------------------------------
@@ -222,7 +282,7 @@ def serve(inference, model, streams: int, n: int):
     return make
 
 
-def bench_decoding(args, model, hf, inference, generation) -> dict:
+def bench_decoding(args, model, hf, inference, generation, threads: int) -> dict:
     import stripped
 
     n, T, S = args.new_tokens, args.prompt, args.streams
@@ -248,7 +308,7 @@ def bench_decoding(args, model, hf, inference, generation) -> dict:
         # the decoders' own products: the prompts' prefill in one pass, then steps of 1 or S rows
         **common.matvecs_run(matrices, n, args.repeats, prefill=T - 1, name="one"),
         **common.matvecs_run(matrices, n, args.repeats, rows=S, prefill=S * (T - 1), name="batch")})
-    print(f"### Decoding GPT-2 small: one stream and {S} streams")
+    print(f"### Decoding GPT-2 small: one stream and {S} streams, {common.threads(threads)}")
     print()
     print(f"{n} new tokens per stream after {T}-token prompts, greedy; tokens/s counts every stream's new tokens.")
     print()
@@ -288,7 +348,7 @@ def bench_decoding(args, model, hf, inference, generation) -> dict:
           f"{common.all_same([outputs[batch_name], outputs[hf_name]])}")
     print()
     return {"single": single / alone, "batch": batch, "vs_single": batch / single, "ceiling": ceiling,
-            "vs_bound": batch / bound, "vs_hf": batch / speed[hf_name]}
+            "vs_bound": batch / bound, "vs_hf": batch / speed[hf_name], "hf_ceiling": speed[batch_alone] / speed[hf_name], "tokens_s": single}
 
 
 # -- 4. speculative decoding -------------------------------------------------------------------------
@@ -417,6 +477,87 @@ def int8_products(model, n: int, repeats: int) -> dict:
     return {common.PROBE + "int8 products alone": (products, repeats)}
 
 
+def int8_cached_tiles(layers, pool, n: int, *, dequantise_only: bool = False):
+    """A run: ``n`` tokens' worth of the int8 ``layers``' products on one row, each weight
+    dequantised tile by tile into a float32 buffer of ``TILE`` numbers per thread (256 KB,
+    made once: it stays in the core's cache) and multiplied from there; the columns split
+    over ``pool``'s threads (lab 12's ``RowPool``, BLAS at one thread inside). With
+    ``dequantise_only``, the dequantisation alone: the least time any NumPy int8 product of
+    these weights can take, since NumPy has no int8 product and every weight must become
+    float32 on its way to BLAS."""
+    buffers = {}
+    xs = [np.ones((1, layer.d_in), np.float32) for layer in layers]
+    outs = [np.zeros((1, layer.d_out), np.float32) for layer in layers]
+    for layer in layers:
+        assert layer.d_in % layer.block == 0, "whole blocks of rows only"
+
+    def one(layer, x, out):
+        block = layer.block
+
+        def columns(c0, c1):
+            buf = buffers.get(threading.get_ident())
+            if buf is None:
+                buf = buffers.setdefault(threading.get_ident(), np.empty(TILE, np.float32))
+            step = TILE // block  # the widest tile of one block of rows that fits the buffer
+            for s0 in range(c0, c1, step):
+                s1 = min(s0 + step, c1)
+                width = s1 - s0
+                rows = TILE // width // block * block  # whole blocks of rows per tile
+                acc = out[:, s0:s1]
+                acc[...] = 0.0
+                for r0 in range(0, layer.d_in, rows):
+                    r1 = min(r0 + rows, layer.d_in)
+                    nb = (r1 - r0) // block
+                    tile = buf[: (r1 - r0) * width].reshape(nb, block, width)
+                    np.multiply(layer.qweight[r0:r1, s0:s1].reshape(nb, block, width),
+                                layer.scales[r0 // block : r0 // block + nb, None, s0:s1], out=tile)
+                    if not dequantise_only:
+                        acc += x[:, r0:r1] @ tile.reshape(r1 - r0, width)
+
+        pool.map(columns, layer.d_out, min_rows=64)
+
+    def run():
+        for _ in range(n):
+            for layer, x, out in zip(layers, xs, outs):
+                one(layer, x, out)
+
+    return run
+
+
+TILE = 1 << 16  # float32 numbers in a thread's dequantisation buffer (256 KB)
+
+
+def int8_scaling(args, f32, q8, inference) -> dict:
+    """The int8 rows of the scaling table: at 1, 2 and ``--threads`` threads, the float32
+    products of the 48 block matrices for ``--new-tokens`` tokens (one row), the int8
+    products dequantised tile by tile into a cache-sized buffer, and the dequantisation
+    alone; returns {threads: (int8 ÷ float32 speed, the bound dequantisation implies)}."""
+    n = args.new_tokens
+    weights = [w for b in f32.h for w in (b.attn.c_attn.weight, b.attn.c_proj.weight, b.mlp.c_fc.weight,
+                                          b.mlp.c_proj.weight)]
+    layers = [layer for b in q8.h for layer in (b.attn.c_attn, b.attn.c_proj, b.mlp.c_fc, b.mlp.c_proj)]
+    rows, result = [], {}
+    for count in common.thread_counts(THREADS):
+        with common.at_threads(count), inference.RowPool(count) as pool:
+            times, _ = common.time_runs({
+                **common.matvecs_run(weights, n, args.repeats, name="f32"),
+                "int8": (int8_cached_tiles(layers, pool, n), args.repeats),
+                "dequantise": (int8_cached_tiles(layers, pool, n, dequantise_only=True), args.repeats)})
+        f32_t, int8_t, dq_t = times[common.PROBE + "f32"], times["int8"], times["dequantise"]
+        result[count] = (f32_t / int8_t, f32_t / dq_t)
+        rows.append([count, f"{1e3 * f32_t / n:.2f}", f"{1e3 * int8_t / n:.2f}", f"{1e3 * dq_t / n:.2f}",
+                     f"{f32_t / int8_t:.2f}×", f"{f32_t / dq_t:.2f}×"])
+    print(f"The 48 block matrices' products for one token (one row), ms per token, best of {args.repeats}: float32 "
+          f"as stored; int8 dequantised tile by tile into a {TILE * 4 // 1024} KB float32 buffer per thread, made "
+          "once (it stays in the core's cache), the columns split over lab 12's RowPool; the dequantisation alone. "
+          "NumPy has no int8 product, so every weight becomes float32 on its way to BLAS: the dequantisation "
+          "alone bounds what int8 can give.")
+    print()
+    common.print_scaling(["float32 ms", "int8, cached tiles ms", "dequantisation alone ms", "int8 ÷ float32 speed",
+                          "bound: float32 ÷ dequantisation alone"], rows)
+    return result
+
+
 def bench_int8(args, make_model, inference, gpt2_weights, generation, held_out) -> dict:
     n, T = args.new_tokens, args.prompt
     f32 = make_model()
@@ -443,11 +584,14 @@ def bench_int8(args, make_model, inference, gpt2_weights, generation, held_out) 
     check("weight bytes, float32 ÷ int8", f"{ratio:.2f}× ({before / 1e6:.0f} MB → {after / 1e6:.0f} MB, every "
           "parameter, scales included)", "3.5–4×", 3.5 <= ratio <= 4.0)
     fast = speed["int8, lab 12 decoder"] / speed["float32, lab 12 decoder"]
-    common.print_target("int8 decoding ÷ float32", fast, 1.2)
+    print(f"- int8 decoding ÷ float32: {fast:.2f}× (no target: NumPy has no int8 product, so int8 weights save "
+          "memory, not time; the scaling rows below give the most dequantising can allow)")
     print(f"- the products alone, int8 ÷ float32: "
           f"{speed['int8 products alone (dequantised tile by tile)'] / speed['float32 products alone']:.2f}×; "
           f"the int8 decoder's tokens equal float32's: "
           f"{common.all_same([outputs['int8, lab 12 decoder'], outputs['float32, lab 12 decoder']])}")
+    print()
+    tiles = int8_scaling(args, f32, q8, inference)
     del f32, q8
 
     target = gpt2_weights.load_gpt2(TARGET)
@@ -461,7 +605,49 @@ def bench_int8(args, make_model, inference, gpt2_weights, generation, held_out) 
     check(f"perplexity of the trained model on {count} held-out windows of {W} tokens",
           f"float32 {p32:.3f}, int8 {p8:.3f} ({100 * change:+.2f}%)", "within ±1%", abs(change) <= 0.01)
     print()
-    return {"bytes": ratio, "speed": fast, "ppl": change}
+    return {"bytes": ratio, "speed": fast, "ppl": change, "tiles": tiles}
+
+
+def scaling_table(forward: dict, decoding: dict, args) -> None:
+    """The forward's and the decoders' ratios at each thread count, with the issue's targets
+    at the largest count (and the 2-thread one for the other work)."""
+    counts = sorted(set(forward) | set(decoding))
+    rows = []
+    for c in counts:
+        f, d = forward.get(c), decoding.get(c)
+        rows.append([c, *(f"{f[k]:.2f}×" if f else "not run" for k in ("plain", "fast", "threaded", "alone"))]
+                    + ([f"{f['other']:.2f}×", f"{f['other_pool']:.2f}×", f"{f['other_scaling']:.2f}×"] if f
+                       else ["not run"] * 3)
+                    + ([f"{100 * d['single']:.0f}%", f"{d['vs_hf']:.2f}×",
+                        f"{d['hf_ceiling']:.2f}×"] if d else ["not run"] * 3))
+    print("### Scaling with threads")
+    print()
+    print(f"Every ratio at the row's thread count, NumPy's BLAS and PyTorch alike; forward at T = {args.seq}; "
+          f"ratios to PyTorch are of times (lower is faster), the decoders' of tokens/s.")
+    print()
+    common.print_scaling(["lab 04 ÷ PyTorch", "fast forward ÷ PyTorch", "threaded forward ÷ PyTorch",
+                          "products alone ÷ PyTorch", "other work, 1 thread ÷ PyTorch",
+                          "other work, RowPool ÷ PyTorch", "other work, RowPool ÷ 1 thread",
+                          "1 stream ÷ its products",
+                          f"{args.streams} streams ÷ HuggingFace", "their products alone ÷ HuggingFace"], rows)
+    top = counts[-1]
+    if top < 16:
+        print(f"- the targets for 16 threads are not judged here: the most threads measured is {top}")
+    if top >= 16 and top in forward:
+        f = forward[top]
+        print(f"- at {common.threads(top)}: threaded forward {f['threaded']:.2f}× PyTorch (target ≤ 1.6× on 16 "
+              f"threads: {'met' if f['threaded'] <= 1.6 else 'NOT met'}); its other work in the pool "
+              f"{f['other_pool']:.2f}× PyTorch's forward (target ≤ 0.4×: {'met' if f['other_pool'] <= 0.4 else 'NOT met'})")
+    if 2 in forward:
+        r = forward[2]["other_scaling"]
+        print(f"- at 2 threads the other work in the pool takes {r:.2f}× its one-thread time (target ≤ 0.6×: "
+              f"{'met' if r <= 0.6 else 'NOT met'})")
+    if top >= 16 and top in decoding:
+        d = decoding[top]
+        print(f"- at {common.threads(top)}: one stream {100 * d['single']:.0f}% of its products alone (target ≥ 85%: "
+              f"{'met' if d['single'] >= 0.85 else 'NOT met'}); {args.streams} streams {d['vs_hf']:.2f}× HuggingFace's "
+              f"batch (target ≥ 1.0×: {'met' if d['vs_hf'] >= 1.0 else 'NOT met'})")
+    print()
 
 
 def main() -> None:
@@ -475,35 +661,64 @@ def main() -> None:
 
     from gptkit.checkpoints import GPT2_SMALL, random_gpt2_state
 
+    only = set(args.only.split(",")) if args.only else {"forward", "decoding", "speculative", "int8"}
     load = os.getloadavg()[0]
     common.print_machine(THREADS, f"; load average {load:.1f} at the start (other work on the "
                                   "machine weighs on every contestant alike, the memory-bound ones most)")
-    print(f"GPT-2 small's shape: {n_params / 1e6:.1f}M parameters, random, float32.")
+    print(f"GPT-2 small's shape: {n_params / 1e6:.1f}M parameters, random, float32. The forward and decoding "
+          f"sections run at {', '.join(map(str, common.thread_counts(THREADS)))} threads, the same count for NumPy's "
+          "BLAS, lab 12's RowPool and PyTorch.")
     print()
-    forward = bench_forward(args, model, hf, inference)
-    decoding = bench_decoding(args, model, hf, inference, generation)
+    forward, decoding = {}, {}
+    for count in common.thread_counts(THREADS):
+        with common.at_threads(count), inference.RowPool(count) as pool:
+            if "forward" in only:
+                forward[count] = bench_forward(args, model, hf, inference, count, pool)
+            if "decoding" in only:
+                decoding[count] = bench_decoding(args, model, hf, inference, generation, count)
+    if forward or decoding:
+        scaling_table(forward, decoding, args)
     del hf
-    held_out = held_out_ids(tokenizer)
-    spec = bench_speculative(args, inference, generation, gpt2_weights, held_out)
+    spec = q = None
+    if "speculative" in only or "int8" in only:
+        held_out = held_out_ids(tokenizer)
+    if "speculative" in only:
+        spec = bench_speculative(args, inference, generation, gpt2_weights, held_out)
 
     def make_model():
         return gpt.GPTModel(**GPT2_SMALL.model_kwargs()).load_state_dict(
             random_gpt2_state(GPT2_SMALL, np.random.default_rng(2024))).eval()
 
     del model
-    q = bench_int8(args, make_model, inference, gpt2_weights, generation, held_out)
+    if "int8" in only:
+        q = bench_int8(args, make_model, inference, gpt2_weights, generation, held_out)
+    elif "tiles" in only:  # the int8 scaling rows alone (no decoders, no perplexity)
+        print(f"### Weight-only int8, GPT-2 small (block {64}): the dequantisation's bound")
+        print()
+        q = {"tiles": int8_scaling(args, make_model(), inference.quantize_model(make_model()), inference)}
+        print()
     print(f"Load average at the end: {os.getloadavg()[0]:.1f}.")
     print()
-    common.print_summary(
-        f"lab 12's forward of GPT-2 small takes {forward['fast']:.2f}× PyTorch's time with its logits written into a "
-        f"kept array, {forward['fresh']:.2f}× into a fresh one (lab 04's {forward['plain']:.2f}×, its products and "
-        f"other work alone {forward['floor']:.2f}×); "
-        f"one stream decodes at {100 * decoding['single']:.0f}% of its products alone, {args.streams} streams at "
-        f"{decoding['vs_single']:.1f}× one (their products alone allow {decoding['ceiling']:.1f}×; "
-        f"{decoding['vs_hf']:.1f}× HuggingFace); speculative decoding "
-        f"{spec['draft']:.2f}× with the draft ({100 * spec['acceptance']:.0f}% accepted), {spec['lookup']:.2f}× with "
-        f"prompt lookup; int8 weights {q['bytes']:.1f}× smaller, {q['speed']:.2f}× the speed, perplexity "
-        f"{100 * q['ppl']:+.2f}% ({common.threads(THREADS)}, load average {load:.1f} at the start)")
+    top = THREADS
+    parts = []
+    if top in forward:
+        f, lo = forward[top], forward[min(forward)]
+        parts.append(f"lab 12's forward of GPT-2 small takes {f['fast']:.2f}× PyTorch's time at {common.threads(top)} "
+                     f"({f['threaded']:.2f}× threaded; lab 04's {f['plain']:.2f}×)"
+                     + (f", {lo['fast']:.2f}× at {common.threads(min(forward))}" if min(forward) != top else ""))
+    if top in decoding:
+        d = decoding[top]
+        parts.append(f"one stream decodes at {100 * d['single']:.0f}% of its products alone and {args.streams} streams "
+                     f"at {d['vs_hf']:.2f}× HuggingFace at {common.threads(top)}")
+    if spec:
+        parts.append(f"speculative decoding {spec['draft']:.2f}× with the draft ({100 * spec['acceptance']:.0f}% "
+                     f"accepted), {spec['lookup']:.2f}× with prompt lookup (1 thread)")
+    if q:
+        bound = q["tiles"][top][1]
+        parts.append((f"int8 weights {q['bytes']:.1f}× smaller, perplexity {100 * q['ppl']:+.2f}%, " if "bytes" in q
+                      else "int8 products ") + f"at most {bound:.2f}× float32's speed at {common.threads(top)} "
+                     "(dequantisation's bound)")
+    common.print_summary("; ".join(parts) + f" (load average {load:.1f} at the start)")
 
 
 if __name__ == "__main__":

@@ -278,3 +278,45 @@ def all_same(outputs) -> str:
 
     first, *rest = outputs
     return "yes" if all(np.array_equal(o, first) for o in rest) else "NO"
+
+
+# --- scaling with cores -----------------------------------------------------------------------------
+
+def thread_counts(threads: int) -> list[int]:
+    """The thread counts of a scaling table: 1, 2 and ``threads`` (every core by default),
+    each once, none above ``threads``. The environment variable ``BENCH_COUNTS`` (e.g.
+    ``2,16``) replaces them, for a run that has no time for the one-thread rows."""
+    chosen = os.environ.get("BENCH_COUNTS")
+    if chosen:
+        return sorted({min(int(c), threads) for c in chosen.split(",")})
+    return sorted({1, min(2, threads), threads})
+
+
+class at_threads:
+    """Inside the block, NumPy's BLAS and PyTorch both use ``n`` threads (threadpoolctl and
+    ``torch.set_num_threads``); after it, what they used before. BLAS never goes above the
+    count the benchmark started with (``set_threads``)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __enter__(self):
+        import torch
+        from threadpoolctl import threadpool_limits
+
+        self._torch = torch.get_num_threads()
+        torch.set_num_threads(self.n)
+        self._limit = threadpool_limits(self.n, user_api="blas")
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+
+        self._limit.restore_original_limits()
+        torch.set_num_threads(self._torch)
+
+
+def print_scaling(header: list[str], rows: list[list]) -> None:
+    """A scaling table: one row per thread count, its first cell that count, the same count
+    for NumPy and for PyTorch."""
+    print_table(["threads (NumPy's BLAS and PyTorch)", *header], rows)

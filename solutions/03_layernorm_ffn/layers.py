@@ -60,9 +60,18 @@ def gelu(x: np.ndarray) -> np.ndarray:
     """GELU, tanh approximation (GPT-2's "gelu_new"):
     0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))). Same shape and dtype as ``x``."""
     x = as_float_array(x, "x")
-    ### BEGIN SOLUTION the tanh form, with Python-float constants so float32 stays float32
+    ### BEGIN SOLUTION the tanh form, with Python-float constants so float32 stays float32, x³ as x*x*x (not x**3), in place
     c = math.sqrt(2.0 / math.pi)
-    return 0.5 * x * (1.0 + np.tanh(c * (x + 0.044715 * x**3)))
+    u = np.multiply(x, x, out=np.empty_like(x))  # one scratch array (0-d too), updated in place from here
+    u *= x  # x³ as two products: x**3 on float32 goes through a general power function, 100× slower
+    u *= 0.044715
+    u += x
+    u *= c
+    np.tanh(u, out=u)
+    u += 1.0
+    u *= x
+    u *= 0.5
+    return u
     ### END SOLUTION
 
 

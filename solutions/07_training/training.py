@@ -79,10 +79,15 @@ def gelu_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
     With u = √(2/π)·(x + 0.044715·x³): gelu(x) = 0.5·x·(1 + tanh u), so
     gelu'(x) = 0.5·(1 + tanh u) + 0.5·x·(1 − tanh² u)·√(2/π)·(1 + 3·0.044715·x²).
     """
-    ### BEGIN SOLUTION differentiate the tanh form (not the erf form) by the chain rule
+    ### BEGIN SOLUTION differentiate the tanh form (not the erf form) by the chain rule; x³ as x*x*x, not x**3
     c, a = math.sqrt(2.0 / math.pi), 0.044715
-    t = np.tanh(c * (x + a * x**3))  # tanh u
-    dgelu = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * a * x * x)  # gelu'(x)
+    x2 = x * x  # x², and x³ as x2·x: x**3 on float32 goes through a general power function, 100× slower
+    t = np.multiply(x2, x, out=np.empty_like(x2))  # one array (0-d too), updated in place into tanh u
+    t *= a
+    t += x
+    t *= c
+    np.tanh(t, out=t)  # tanh u
+    dgelu = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * a * x2)  # gelu'(x)
     return dout * dgelu
     ### END SOLUTION
 

@@ -57,7 +57,7 @@ def gelu(x: np.ndarray) -> np.ndarray:
     0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))). Same shape and dtype as ``x``."""
     x = as_float_array(x, "x")
     # YOUR CODE HERE
-    raise NotImplementedError('Lab 03 · gelu: the tanh form, with Python-float constants so float32 stays float32')
+    raise NotImplementedError('Lab 03 · gelu: the tanh form, with Python-float constants so float32 stays float32, x³ as x*x*x (not x**3), in place')
 
 
 def gelu_exact(x: np.ndarray) -> np.ndarray:

@@ -68,7 +68,7 @@ def gelu_backward(dout: np.ndarray, x: np.ndarray) -> np.ndarray:
     gelu'(x) = 0.5·(1 + tanh u) + 0.5·x·(1 − tanh² u)·√(2/π)·(1 + 3·0.044715·x²).
     """
     # YOUR CODE HERE
-    raise NotImplementedError('Lab 07 · gelu_backward: differentiate the tanh form (not the erf form) by the chain rule')
+    raise NotImplementedError('Lab 07 · gelu_backward: differentiate the tanh form (not the erf form) by the chain rule; x³ as x*x*x, not x**3')
 
 
 def dropout_forward(x: np.ndarray, p: float, rng: np.random.Generator | None):

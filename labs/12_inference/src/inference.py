@@ -5,6 +5,7 @@ Labs 04 and 06 compute the right numbers; this lab computes the same numbers in 
 and memory, with the techniques every serving engine uses:
 
     measure ─ tiled attention ─ a fast forward ─ batched decoding ─ speculative decoding ─ int8 weights
+    ─ every core
 
 Shapes: B batch (rows), T tokens fed in this call, S keys (cached + new, S ≥ T), D model
 width, H heads, d_head = D / H, F the feed-forward width, V vocabulary size, L the model's
@@ -23,7 +24,10 @@ The parts, in the order the README's tasks take them:
 - speculative decoding: ``prompt_lookup_draft``, ``Drafter`` (a draft model or prompt
   lookup), ``speculative_greedy``, ``accept_or_resample``, ``speculative_sample``;
 - weight-only int8: ``quantize_int8``, ``dequantize_int8``, ``Int8Linear``,
-  ``Int8Embedding`` (given), ``quantize_model``.
+  ``Int8Embedding`` (given), ``quantize_model``;
+- every core: ``row_blocks`` (rows split for threads), ``RowPool`` (a thread pool made once;
+  ``map`` runs row blocks with BLAS at one thread), ``threaded_forward`` (``fast_forward``
+  with the work between the products on the pool); ``blas_threads`` is given.
 
 What each part reuses: lab 04's ``GPTModel`` and its sub-layers (the parameters, and the
 layers' own ``__call__`` for the products, so an int8 model runs through the same code),
@@ -34,8 +38,10 @@ lab 06's ``generate`` (what the decoders here must reproduce token for token) an
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -43,6 +49,7 @@ from generation import sample_next
 from gpt import GPTModel
 from gptkit import Layer, as_float_array, check_last_dim, check_length, check_ndim, peak_memory  # noqa: F401 (the tests call peak_memory here)
 from layers import LayerNorm, Linear
+from threadpoolctl import ThreadpoolController
 
 # Rows of an int8 weight dequantised at once by ``Int8Linear``: a tile of about 64K float32
 # numbers (256 KB) stays in the processor's cache while its product runs.
@@ -827,3 +834,169 @@ def quantize_model(model: GPTModel, block: int = 64, *, head: bool = True) -> GP
     block = _check_block(block, "block")
     # YOUR CODE HERE
     raise NotImplementedError('Lab 12 · quantize_model: swap the four Linears of every block for Int8Linears (and wte for an Int8Embedding if head)')
+
+
+# -- every core for the work between the products -------------------------------------------------
+
+def _blas_libraries() -> list:
+    """NumPy's BLAS libraries as threadpoolctl controls them, looked up once: reading or
+    setting their thread count is then one call into the library (a few microseconds),
+    where ``threadpool_limits`` scans the process's libraries every time."""
+    global _BLAS
+    if _BLAS is None:
+        try:
+            _BLAS = [lib for lib in ThreadpoolController().lib_controllers if lib.user_api == "blas"]
+        except OSError:  # a sandbox that hides the process's library list: BLAS stays as it was started
+            _BLAS = []
+    return _BLAS
+
+
+_BLAS = None
+
+
+def blas_threads(n: int | None = None) -> int:
+    """The number of threads NumPy's BLAS uses now (1 where no BLAS reports one); with ``n``,
+    set it to ``n`` first and return the count it had before. The count is one setting for
+    the whole process, whichever thread sets it."""
+    libs = _blas_libraries()
+    before = max((lib.get_num_threads() for lib in libs), default=1)
+    if n is not None:
+        for lib in libs:
+            lib.set_num_threads(int(n))
+    return before
+
+
+def row_blocks(n: int, parts: int, min_rows: int = 1) -> list[tuple[int, int]]:
+    """Split rows 0 … n−1 into consecutive blocks for ``parts`` workers.
+
+    The blocks are ``(start, stop)`` pairs in order, covering every row once, their sizes
+    differing by at most one row (the larger ones first). There are ``parts`` of them, fewer
+    when a block would then hold fewer than ``min_rows`` rows (a block's work must outweigh
+    the cost of handing it to a thread), and at least one; none when n is 0.
+
+    Example: ``row_blocks(10, 3)`` is ``[(0, 4), (4, 7), (7, 10)]``;
+    ``row_blocks(10, 4, min_rows=4)`` is ``[(0, 5), (5, 10)]``.
+    """
+    for value, name in ((n, "n"), (parts, "parts"), (min_rows, "min_rows")):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < (0 if name == "n" else 1):
+            raise ValueError(f"{name} must be an integer ≥ {0 if name == 'n' else 1}, got {value!r}")
+    # YOUR CODE HERE
+    raise NotImplementedError('Lab 12 · row_blocks: as many blocks as parts, fewer when a block would hold fewer than min_rows rows; sizes n // count, the first n % count one row larger')
+
+
+class RowPool:
+    """A pool of threads for NumPy work on row blocks, made once and used by every call.
+
+    NumPy releases Python's global interpreter lock (GIL) inside a ufunc's loop and a BLAS
+    call, so threads that each run NumPy on their own rows use as many cores. ``map`` hands
+    the blocks of ``row_blocks`` to the threads and holds BLAS to one thread while they run:
+    ``threads`` workers each calling a BLAS that starts its own threads would ask for
+    threads × BLAS threads cores (oversubscription).
+
+    Attributes:
+        threads: the workers (the calling thread runs one block itself; ``threads − 1``
+            threads in the pool). 1: no pool, every block runs in the calling thread.
+        min_rows: the fewest rows worth a block of their own (``row_blocks``).
+        last_blocks: the blocks of the latest ``map`` call, as handed out.
+        maps: the ``n`` of every ``map`` call so far, in order.
+    """
+
+    def __init__(self, threads: int, *, min_rows: int = 16):
+        self.threads = check_length(threads, "threads")
+        self.min_rows = check_length(min_rows, "min_rows")
+        self.last_blocks: list[tuple[int, int]] = []
+        self.maps: list[int] = []
+        self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="rowpool") if self.threads > 1 else None
+
+    def close(self) -> None:
+        """Stop the pool's threads (a closed pool cannot ``map`` again)."""
+        if self._pool is not None:
+            self._pool.shutdown()
+
+    def __enter__(self) -> "RowPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def map(self, fn, n: int, *, min_rows: int | None = None) -> None:
+        """Call ``fn(start, stop)`` once for each block of ``row_blocks(n, self.threads,
+        min_rows or self.min_rows)``: all blocks but the last in the pool's threads, the last
+        in the calling thread, with NumPy's BLAS at one thread until every block has
+        finished (then back to its count before). ``fn`` writes its rows in place (its
+        return value is ignored); an exception raised in a block is raised here. Records
+        the blocks in ``last_blocks`` (``maps`` records each call's ``n``: given)."""
+        self.maps.append(int(n))
+        # YOUR CODE HERE
+        raise NotImplementedError('Lab 12 · RowPool.map: the blocks; BLAS to one thread (blas_threads(1) returns the count to restore); submit all blocks but the last, run the last here, wait for the others (result() re-raises); restore BLAS even on an error')
+
+
+class BlockLog:
+    """A ``fn`` for ``RowPool.map`` that only records how it was called: ``calls`` lists
+    ``(start, stop, in_caller, blas)`` per block, ``in_caller`` True when the block ran in
+    the thread that made this log (the one that calls ``map``), ``blas`` the BLAS thread
+    count inside the block. With ``fail_at``, the block starting there raises
+    ZeroDivisionError (an error inside a pool thread)."""
+
+    def __init__(self, fail_at: int | None = None):
+        self.fail_at, self.calls, self._caller = fail_at, [], threading.get_ident()
+        self._lock = threading.Lock()
+
+    def __call__(self, start: int, stop: int) -> None:
+        with self._lock:
+            self.calls.append((int(start), int(stop), threading.get_ident() == self._caller, blas_threads()))
+        if self.fail_at is not None and start == self.fail_at:
+            raise ZeroDivisionError(f"block {start} … {stop} failed (BlockLog(fail_at={self.fail_at}))")
+
+
+def _product(layer, x: np.ndarray, out: np.ndarray):
+    """``x @ W`` of a lab-03 ``Linear`` into ``out``, without its bias, and that bias (None
+    when it has none): the caller adds it where it next passes over ``out``. Any other
+    layer (an ``Int8Linear``) through its own ``__call__``, bias included, copied into out."""
+    if type(layer) is not Linear:
+        np.copyto(out, layer(x))
+        return out, None
+    return np.matmul(x, layer.weight, out=out), layer.bias
+
+
+def _query_chunks(T: int, parts: int, step: int) -> list[tuple[int, int]]:
+    """Query ranges of one causal head that cost about the same: query i sees i + 1 keys,
+    so the work up to query e grows like e², and the bounds sit at T·√(j/parts), rounded to
+    multiples of ``step`` (empty ranges dropped)."""
+    bounds = sorted({min(T, int(round(T * math.sqrt(j / parts) / step)) * step) for j in range(1, parts)} | {0, T})
+    return [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+
+def threaded_forward(model: GPTModel, token_ids: np.ndarray, pool: RowPool, *, block_q: int = 128,
+                     block_k: int = 1024, out: np.ndarray | None = None) -> np.ndarray:
+    """``fast_forward`` with the work between the matrix products on every thread of ``pool``.
+
+    The large products (each Linear on all B·T rows, the head) run in the calling thread
+    with BLAS at its own thread count. Everything else runs in ``pool.map`` over row blocks
+    of the (B·T, ·) arrays, BLAS at one thread inside: after ``c_attn``, its bias and the
+    copy into contiguous heads (blocks of heads); attention (blocks of (head, query range)
+    tasks, each ``tiled_causal_attention`` of its queries against the keys up to its last,
+    written into its place among the merged heads); after each ``c_proj``, its bias and the
+    residual addition, then the next LayerNorm (``ln_2``, the next block's ``ln_1`` or
+    ``ln_f``) of the same rows; after ``c_fc``, its bias and ``fast_gelu``.
+
+    Args:
+        model, token_ids, block_q, block_k, out: as ``fast_forward``.
+        pool: a ``RowPool`` (its threads decide the blocks; one thread runs everything in
+            the calling thread).
+
+    Returns:
+        float32 (B, T, V) logits equal to ``fast_forward``'s within float32 rounding (the
+        attention's query ranges change the tiles' order of summation, nothing else).
+    """
+    _check_model(model)
+    if not isinstance(pool, RowPool):
+        raise TypeError(f"pool must be a RowPool, got {type(pool).__name__}")
+    token_ids = _check_ids(token_ids, model.vocab_size, "token_ids", 2, "(B, T)")
+    B, T = token_ids.shape
+    if not 1 <= T <= model.max_seq_len:
+        raise ValueError(f"token_ids needs 1 … max_seq_len={model.max_seq_len} tokens per row, got {T}")
+    _check_out(out, (B, T, model.vocab_size), "(B, T, V)")
+    block_q, block_k = _check_block(block_q, "block_q"), _check_block(block_k, "block_k")
+    # YOUR CODE HERE
+    raise NotImplementedError('Lab 12 · threaded_forward: the arrays of fast_forward, once per call; ln_1 of block 0 in the pool; per block: c_attn here, bias + heads in the pool, attention tasks in the pool, c_proj here, bias + residual + ln_2 in the pool, c_fc here, bias + fast_gelu in the pool, c_proj here, bias + residual + the next LayerNorm in the pool; the head here')

@@ -8,8 +8,10 @@ row blocks (a namedtuple) one by one.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -17,6 +19,7 @@ from generation import sample_next
 from gpt import GPTModel
 from gptkit import Layer, as_float_array, check_last_dim, check_length, check_ndim, peak_memory  # noqa: F401 (the tests call peak_memory here)
 from layers import LayerNorm, Linear
+from threadpoolctl import ThreadpoolController
 from abc import ABC, abstractmethod
 from collections import namedtuple
 from dataclasses import asdict, dataclass, field
@@ -170,7 +173,7 @@ class Speculation(ABC):
 RowBlock = namedtuple("RowBlock", "index start stop")
 
 
-def row_blocks(rows: int, block: int, first: int = 0):
+def scale_blocks(rows: int, block: int, first: int = 0):
     """The blocks of ``block`` rows covering rows first … rows − 1 (first a multiple of block)."""
     for start in range(first, rows, block):
         yield RowBlock(start // block, start, min(start + block, rows))
@@ -1057,7 +1060,7 @@ def quantize_int8(W: np.ndarray, block: int = 64) -> tuple[np.ndarray, np.ndarra
     d_in, d_out = W.shape
     q = np.zeros((d_in, d_out), dtype=np.int8)
     scales = np.zeros((-(-d_in // block), d_out), dtype=np.float32)
-    for rb in row_blocks(d_in, block):
+    for rb in scale_blocks(d_in, block):
         rows = W32[rb.start:rb.stop]
         scale = (np.abs(rows).max(axis=0) / 127.0).astype(np.float32)
         divisor = np.where(scale > 0, scale, np.float32(1.0))
@@ -1082,7 +1085,7 @@ def dequantize_int8(q: np.ndarray, scales: np.ndarray, block: int = 64) -> np.nd
     inverse of ``quantize_int8`` up to its rounding)."""
     q, scales, block = _check_quantised(q, scales, block)
     W = q.astype(np.float32)
-    for rb in row_blocks(q.shape[0], block):
+    for rb in scale_blocks(q.shape[0], block):
         W[rb.start:rb.stop] *= scales[rb.index]
     return W
 
@@ -1121,7 +1124,7 @@ class Int8Linear(Layer):
         for r0 in range(0, self.d_in, tile_rows):
             r1 = min(r0 + tile_rows, self.d_in)
             tile = self.qweight[r0:r1].astype(np.float32)
-            for rb in row_blocks(r1, self.block, first=r0):
+            for rb in scale_blocks(r1, self.block, first=r0):
                 tile[rb.start - r0:rb.stop - r0] *= self.scales[rb.index]
             y += x2[:, r0:r1] @ tile
         if self.bias is not None:
@@ -1203,3 +1206,246 @@ def quantize_model(model: GPTModel, block: int = 64, *, head: bool = True) -> GP
     if head:
         model.wte = Int8Embedding(model.wte, block)
     return model
+
+
+# -- every core for the work between the products -------------------------------------------------
+
+def _blas_libraries() -> list:
+    """NumPy's BLAS libraries as threadpoolctl controls them, looked up once: reading or
+    setting their thread count is then one call into the library (a few microseconds),
+    where ``threadpool_limits`` scans the process's libraries every time."""
+    global _BLAS
+    if _BLAS is None:
+        try:
+            _BLAS = [lib for lib in ThreadpoolController().lib_controllers if lib.user_api == "blas"]
+        except OSError:  # a sandbox that hides the process's library list: BLAS stays as it was started
+            _BLAS = []
+    return _BLAS
+
+
+_BLAS = None
+
+
+def blas_threads(n: int | None = None) -> int:
+    """The number of threads NumPy's BLAS uses now (1 where no BLAS reports one); with ``n``,
+    set it to ``n`` first and return the count it had before. The count is one setting for
+    the whole process, whichever thread sets it."""
+    libs = _blas_libraries()
+    before = max((lib.get_num_threads() for lib in libs), default=1)
+    if n is not None:
+        for lib in libs:
+            lib.set_num_threads(int(n))
+    return before
+
+
+def row_blocks(n: int, parts: int, min_rows: int = 1) -> list[tuple[int, int]]:
+    """Split rows 0 … n−1 into consecutive blocks for ``parts`` workers.
+
+    The blocks are ``(start, stop)`` pairs in order, covering every row once, their sizes
+    differing by at most one row (the larger ones first). There are ``parts`` of them, fewer
+    when a block would then hold fewer than ``min_rows`` rows (a block's work must outweigh
+    the cost of handing it to a thread), and at least one; none when n is 0.
+
+    Example: ``row_blocks(10, 3)`` is ``[(0, 4), (4, 7), (7, 10)]``;
+    ``row_blocks(10, 4, min_rows=4)`` is ``[(0, 5), (5, 10)]``.
+    """
+    for value, name in ((n, "n"), (parts, "parts"), (min_rows, "min_rows")):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < (0 if name == "n" else 1):
+            raise ValueError(f"{name} must be an integer ≥ {0 if name == 'n' else 1}, got {value!r}")
+    if not n:
+        return []
+    count = max(1, min(parts, n // min_rows))
+    small, big = divmod(n, count)
+    out, start = [], 0
+    for size in [small + 1] * big + [small] * (count - big):
+        out.append((start, start + size))
+        start += size
+    return out
+
+
+class RowPool:
+    """A pool of threads for NumPy work on row blocks, made once and used by every call.
+
+    NumPy releases Python's global interpreter lock (GIL) inside a ufunc's loop and a BLAS
+    call, so threads that each run NumPy on their own rows use as many cores. ``map`` hands
+    the blocks of ``row_blocks`` to the threads and holds BLAS to one thread while they run:
+    ``threads`` workers each calling a BLAS that starts its own threads would ask for
+    threads × BLAS threads cores (oversubscription).
+
+    Attributes:
+        threads: the workers (the calling thread runs one block itself; ``threads − 1``
+            threads in the pool). 1: no pool, every block runs in the calling thread.
+        min_rows: the fewest rows worth a block of their own (``row_blocks``).
+        last_blocks: the blocks of the latest ``map`` call, as handed out.
+        maps: the ``n`` of every ``map`` call so far, in order.
+    """
+
+    def __init__(self, threads: int, *, min_rows: int = 16):
+        self.threads = check_length(threads, "threads")
+        self.min_rows = check_length(min_rows, "min_rows")
+        self.last_blocks: list[tuple[int, int]] = []
+        self.maps: list[int] = []
+        self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="rowpool") if self.threads > 1 else None
+
+    def close(self) -> None:
+        """Stop the pool's threads (a closed pool cannot ``map`` again)."""
+        if self._pool is not None:
+            self._pool.shutdown()
+
+    def __enter__(self) -> "RowPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def map(self, fn, n: int, *, min_rows: int | None = None) -> None:
+        """Call ``fn(start, stop)`` once for each block of ``row_blocks(n, self.threads,
+        min_rows or self.min_rows)``: all blocks but the last in the pool's threads, the last
+        in the calling thread, with NumPy's BLAS at one thread until every block has
+        finished (then back to its count before). ``fn`` writes its rows in place (its
+        return value is ignored); an exception raised in a block is raised here. Records
+        the blocks in ``last_blocks`` (``maps`` records each call's ``n``: given)."""
+        self.maps.append(int(n))
+        rows = self.min_rows if min_rows is None else min_rows
+        self.last_blocks = row_blocks(n, self.threads, rows)
+        if not self.last_blocks:
+            return
+        restore_to = blas_threads(1)
+        try:
+            jobs = []
+            for a, b in self.last_blocks[:-1]:
+                if self._pool is None:
+                    fn(a, b)
+                else:
+                    jobs.append(self._pool.submit(fn, a, b))
+            error = None
+            try:
+                fn(*self.last_blocks[-1])
+            except BaseException as exc:
+                error = exc
+            for job in jobs:
+                job.result()
+            if error is not None:
+                raise error
+        finally:
+            blas_threads(restore_to)
+
+
+class BlockLog:
+    """A ``fn`` for ``RowPool.map`` that only records how it was called: ``calls`` lists
+    ``(start, stop, in_caller, blas)`` per block, ``in_caller`` True when the block ran in
+    the thread that made this log (the one that calls ``map``), ``blas`` the BLAS thread
+    count inside the block. With ``fail_at``, the block starting there raises
+    ZeroDivisionError (an error inside a pool thread)."""
+
+    def __init__(self, fail_at: int | None = None):
+        self.fail_at, self.calls, self._caller = fail_at, [], threading.get_ident()
+        self._lock = threading.Lock()
+
+    def __call__(self, start: int, stop: int) -> None:
+        with self._lock:
+            self.calls.append((int(start), int(stop), threading.get_ident() == self._caller, blas_threads()))
+        if self.fail_at is not None and start == self.fail_at:
+            raise ZeroDivisionError(f"block {start} … {stop} failed (BlockLog(fail_at={self.fail_at}))")
+
+
+def _product(layer, x: np.ndarray, out: np.ndarray):
+    """``x @ W`` of a lab-03 ``Linear`` into ``out``, without its bias, and that bias (None
+    when it has none): the caller adds it where it next passes over ``out``. Any other
+    layer (an ``Int8Linear``) through its own ``__call__``, bias included, copied into out."""
+    if type(layer) is not Linear:
+        np.copyto(out, layer(x))
+        return out, None
+    return np.matmul(x, layer.weight, out=out), layer.bias
+
+
+def _query_chunks(T: int, parts: int, step: int) -> list[tuple[int, int]]:
+    """Query ranges of one causal head that cost about the same: query i sees i + 1 keys,
+    so the work up to query e grows like e², and the bounds sit at T·√(j/parts), rounded to
+    multiples of ``step`` (empty ranges dropped)."""
+    bounds = sorted({min(T, int(round(T * math.sqrt(j / parts) / step)) * step) for j in range(1, parts)} | {0, T})
+    return [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+
+def threaded_forward(model: GPTModel, token_ids: np.ndarray, pool: RowPool, *, block_q: int = 128,
+                     block_k: int = 1024, out: np.ndarray | None = None) -> np.ndarray:
+    """``fast_forward`` with the work between the matrix products on every thread of ``pool``.
+
+    The large products (each Linear on all B·T rows, the head) run in the calling thread
+    with BLAS at its own thread count. Everything else runs in ``pool.map`` over row blocks
+    of the (B·T, ·) arrays, BLAS at one thread inside: after ``c_attn``, its bias and the
+    copy into contiguous heads (blocks of heads); attention (blocks of (head, query range)
+    tasks, each ``tiled_causal_attention`` of its queries against the keys up to its last,
+    written into its place among the merged heads); after each ``c_proj``, its bias and the
+    residual addition, then the next LayerNorm (``ln_2``, the next block's ``ln_1`` or
+    ``ln_f``) of the same rows; after ``c_fc``, its bias and ``fast_gelu``.
+
+    Args:
+        model, token_ids, block_q, block_k, out: as ``fast_forward``.
+        pool: a ``RowPool`` (its threads decide the blocks; one thread runs everything in
+            the calling thread).
+
+    Returns:
+        float32 (B, T, V) logits equal to ``fast_forward``'s within float32 rounding (the
+        attention's query ranges change the tiles' order of summation, nothing else).
+    """
+    _check_model(model)
+    if not isinstance(pool, RowPool):
+        raise TypeError(f"pool must be a RowPool, got {type(pool).__name__}")
+    token_ids = _check_ids(token_ids, model.vocab_size, "token_ids", 2, "(B, T)")
+    B, T = token_ids.shape
+    if not 1 <= T <= model.max_seq_len:
+        raise ValueError(f"token_ids needs 1 … max_seq_len={model.max_seq_len} tokens per row, got {T}")
+    _check_out(out, (B, T, model.vocab_size), "(B, T, V)")
+    block_q, block_k = _check_block(block_q, "block_q"), _check_block(block_k, "block_k")
+    D, N = model.d_model, B * T
+    H = model.h[0].attn.num_heads
+    dh = D // H
+    x = (model.wte(token_ids) + model.wpe(T)).reshape(N, D)
+    normed, added = np.empty((N, D), np.float32), np.empty((N, D), np.float32)
+    qkv, hidden = np.empty((N, 3 * D), np.float32), np.empty((N, model.h[0].mlp.c_fc.d_out), np.float32)
+    heads, merged = np.empty((3, B, H, T, dh), np.float32), np.empty((B, T, H, dh), np.float32)
+    jobs = [(b, h, s, e) for b in range(B) for h in range(H)
+            for s, e in _query_chunks(T, max(1, -(-2 * pool.threads // (B * H))), min(block_q, T))]
+    after = [blk.ln_1 for blk in model.h[1:]] + [model.ln_f]
+
+    def finish(bias, ln):
+        def rows(a, b):
+            np.add(x[a:b], added[a:b], out=x[a:b])
+            if bias is not None:
+                np.add(x[a:b], bias, out=x[a:b])
+            _layer_norm(x[a:b], ln, normed[a:b])
+        pool.map(rows, N)
+
+    def split(bias):
+        grid = qkv.reshape(B, T, 3, H, dh)
+        offsets = np.zeros((3, H, dh), np.float32) if bias is None else bias.reshape(3, H, dh)
+
+        def some(a, b):
+            for i in range(a, b):
+                bi, hi = divmod(i, H)
+                for j in range(3):
+                    np.add(grid[bi, :, j, hi], offsets[j, hi], out=heads[j, bi, hi])
+        pool.map(some, B * H, min_rows=1)
+
+    def attend(a, b):
+        for bi, hi, s, e in jobs[a:b]:
+            merged[bi, s:e, hi] = tiled_causal_attention(heads[0, bi, hi, s:e], heads[1, bi, hi, :e],
+                                                         heads[2, bi, hi, :e], block_q=block_q, block_k=block_k)
+
+    def activate(bias):
+        def rows(a, b):
+            if bias is not None:
+                np.add(hidden[a:b], bias, out=hidden[a:b])
+            fast_gelu(hidden[a:b])
+        pool.map(rows, N)
+
+    pool.map(lambda a, b: _layer_norm(x[a:b], model.h[0].ln_1, normed[a:b]), N)
+    for block, ln in zip(model.h, after):
+        split(_product(block.attn.c_attn, normed, qkv)[1])
+        pool.map(attend, len(jobs), min_rows=1)
+        finish(_product(block.attn.c_proj, merged.reshape(N, D), added)[1], block.ln_2)
+        activate(_product(block.mlp.c_fc, normed, hidden)[1])
+        finish(_product(block.mlp.c_proj, hidden, added)[1], ln)
+    logits = _head(model, normed, None if out is None else out.reshape(N, -1))
+    return logits.reshape(B, T, -1) if out is None else out

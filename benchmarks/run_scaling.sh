@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The scaling runs on a many-core machine, in one go: bench_inference's forward and
+# decoding sections, the thread probes (threads_probe.py), int8's dequantisation bound,
+# bench_forward and bench_generation, at the thread counts of COUNTS (default 1, 2 and
+# THREADS; THREADS defaults to every core), each report kept as OUT/<name>.md (stderr
+# beside it), each run under its own time limit so that one slow run cannot take the
+# others' time. The most important runs come first.
+#
+#     [COUNTS=2,16] benchmarks/run_scaling.sh OUT [THREADS]
+#
+# PYTHON picks the interpreter (default: python3, with numpy, torch, transformers,
+# safetensors and threadpoolctl importable).
+set -u
+OUT=${1:?usage: run_scaling.sh OUT [THREADS]}
+N=${2:-$(nproc)}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if [ -n "${COUNTS:-}" ]; then export BENCH_COUNTS=$COUNTS; fi
+
+run() {
+    local name=$1 limit=$2
+    shift 2
+    local start=$SECONDS
+    timeout "$limit" "$PY" "$@" > "$OUT/$name.md" 2> "$OUT/$name.err"
+    echo "$name: exit $? after $((SECONDS - start)) s (limit $limit s)"
+}
+
+echo "threads: $N; counts: ${COUNTS:-1,2,$N}; load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
+run inference 110 benchmarks/bench_inference.py --threads "$N" --repeats 2 --new-tokens 12 --only forward,decoding
+OPENBLAS_NUM_THREADS=$N run probe 60 benchmarks/threads_probe.py
+run int8_tiles 30 benchmarks/bench_inference.py --threads "$N" --repeats 2 --new-tokens 8 --only tiles
+run forward 40 benchmarks/bench_forward.py --threads "$N" --repeats 1
+run generation 40 benchmarks/bench_generation.py --threads "$N" --new-tokens 16 --repeats 1
+echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -1,0 +1,193 @@
+"""Lab 12 · every core: row blocks, a thread pool that holds BLAS to one thread while its
+blocks run, and the fast forward with its work between the products on that pool.
+
+Nothing is timed: the blocks are checked against how they are stated (in order, covering
+every row once, sizes within one row, as many as asked or as ``min_rows`` allows), the pool
+for running each block once with BLAS at one thread (and BLAS's count restored after), and
+the threaded forward for giving the single-threaded forward's logits and for handing its
+work out in the maps its docstring names. The tests pass whatever the machine's cores: a
+pool of three threads on one core runs the same blocks, only not at the same time.
+"""
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gptkit.testing import (arguments_written_back, assert_close, explains_errors, fixture_params, lab, load_fixture,
+                            raises_clearly)
+from gptkit.testing.parameters import set_parameters
+
+I = lab("inference")
+G = lab("gpt")
+LAB = "12_inference"
+V, D, LAYERS, HEADS, L = 40, 16, 2, 2, 48  # the fixtures' model (test_inference.py's)
+
+
+def _model():
+    f = load_fixture(LAB, "model")
+    kwargs = dict(vocab_size=V, d_model=D, num_layers=LAYERS, num_heads=HEADS, d_ff=4 * D, max_seq_len=L)
+    model = G.GPTModel(**kwargs, rng=np.random.default_rng(1))
+    return set_parameters(model, fixture_params(f, "param."), "GPTModel(the fixtures' shape)"), f
+
+
+def _expected_blocks(n, parts, min_rows):
+    if n == 0:
+        return []
+    count = max(1, min(parts, n // min_rows))
+    sizes = [n // count + (1 if i < n % count else 0) for i in range(count)]
+    bounds = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+# --- row blocks -----------------------------------------------------------------------------------------
+
+def test_row_blocks_examples():
+    assert I.row_blocks(10, 3) == [(0, 4), (4, 7), (7, 10)], \
+        "row_blocks(10, 3): blocks that cover every row, 0 … 9, sizes 4, 3, 3, the larger first"
+    assert I.row_blocks(10, 4, min_rows=4) == [(0, 5), (5, 10)], \
+        "row_blocks(10, 4, min_rows=4): four blocks would hold fewer than 4 rows each, so two of 5"
+    assert I.row_blocks(3, 8) == [(0, 1), (1, 2), (2, 3)], "row_blocks(3, 8): no block may be empty"
+    assert I.row_blocks(5, 2, min_rows=16) == [(0, 5)], "row_blocks(5, 2, min_rows=16): at least one block"
+    assert I.row_blocks(0, 4) == [], "row_blocks(0, 4): no rows, no blocks"
+    with raises_clearly(ValueError, when="row_blocks(10, 0)", mentions="parts"):
+        I.row_blocks(10, 0)
+
+
+@given(st.integers(0, 5000), st.integers(1, 64), st.integers(1, 300))
+def test_row_blocks_cover_every_row_once_in_even_blocks(n, parts, min_rows):
+    got = I.row_blocks(n, parts, min_rows)
+    got = [(int(a), int(b)) for a, b in got]
+    assert got == _expected_blocks(n, parts, min_rows), (
+        f"row_blocks({n}, {parts}, min_rows={min_rows}) gave {got[:6]}{' …' if len(got) > 6 else ''}: the blocks are "
+        "consecutive, cover 0 … n−1, number min(parts, n // min_rows) (at least 1), and their sizes differ by at most "
+        "one row, the larger first")
+
+
+# --- the pool -------------------------------------------------------------------------------------------
+# Each pool is closed in a finally, and what runs in its blocks is the lab's own BlockLog
+# (given): under the grader the lab code runs in a process of its own, and a block must
+# not call back into the tests from a pool thread.
+
+def test_pool_runs_each_block_once_with_blas_at_one_thread():
+    before = I.blas_threads(2)  # a count the map has to change and then restore
+    held = I.blas_threads()  # 2, or 1 where this BLAS runs on one thread only (or cannot be set)
+    pool = I.RowPool(3, min_rows=4)
+    try:
+        for n, min_rows in ((100, None), (9, None), (9, 1), (2, 1)):
+            log = I.BlockLog()
+            with explains_errors(f"RowPool(3, min_rows=4).map(fn, {n}, min_rows={min_rows})",
+                                 "map calls fn(start, stop) once per block of row_blocks"):
+                pool.map(log, n, min_rows=min_rows)
+            seen = [tuple(c) for c in log.calls]
+            want = _expected_blocks(n, 3, 4 if min_rows is None else min_rows)
+            assert sorted((a, b) for a, b, _, _ in seen) == want, (
+                f"RowPool(3, min_rows=4).map(fn, {n}, min_rows={min_rows}) called fn on {sorted(s[:2] for s in seen)}; "
+                f"want each block of row_blocks({n}, 3, {4 if min_rows is None else min_rows}) once: {want}")
+            assert [tuple(b) for b in pool.last_blocks] == want, \
+                "RowPool.map records the blocks it handed out in last_blocks"
+            assert all(b == 1 for *_, b in seen), (
+                f"BLAS ran at {[b for *_, b in seen]} threads inside the blocks: hold it at one thread "
+                "(blas_threads(1)) while the blocks run, or each worker's products start their own threads")
+            last = [here for a, b, here, _ in seen if (a, b) == want[-1]]
+            assert last == [True], "the last block runs in the calling thread (the pool has threads − 1)"
+            assert I.blas_threads() == held, \
+                f"after map, BLAS is back at its count before ({held}), not {I.blas_threads()}"
+    finally:
+        pool.close()
+        I.blas_threads(before)
+
+
+def test_pool_raises_a_blocks_error_and_restores_blas():
+    before = I.blas_threads(2)
+    held = I.blas_threads()
+    pool = I.RowPool(2, min_rows=1)
+    try:
+        with raises_clearly(ZeroDivisionError, when="map of a fn that raises in the pool's block"):
+            pool.map(I.BlockLog(fail_at=0), 4)
+        assert I.blas_threads() == held, "after a block raised, BLAS is back at its count before (try/finally)"
+    finally:
+        pool.close()
+        I.blas_threads(before)
+
+
+def test_one_thread_runs_in_the_calling_thread():
+    pool = I.RowPool(1)
+    try:
+        log = I.BlockLog()
+        pool.map(log, 50)
+    finally:
+        pool.close()
+    seen = [tuple(c) for c in log.calls]
+    assert [(a, b) for a, b, _, _ in seen] == [(0, 50)], "a pool of one thread runs one block, all rows"
+    assert seen[0][2], "a pool of one thread runs its block in the calling thread"
+
+
+# --- the threaded forward -------------------------------------------------------------------------------
+
+def test_threaded_forward_equals_the_single_threaded_one():
+    model, f = _model()
+    ids = f["ids"]
+    B, T = ids.shape
+    single = I.fast_forward(model, ids, block_q=8, block_k=8)
+    for threads in (1, 2, 3, 5):
+        pool = I.RowPool(threads, min_rows=4)
+        try:
+            with explains_errors(f"threaded_forward(model, ids ({B}, {T}), RowPool({threads}), block_q=8, block_k=8)",
+                                 "the same layers as fast_forward, the work between products in pool.map"):
+                got = I.threaded_forward(model, ids, pool, block_q=8, block_k=8)
+        finally:
+            pool.close()
+        assert_close(got, single, what=f"threaded_forward with {threads} thread(s) against fast_forward", atol=1e-5)
+        assert_close(got, f["logits"], what=f"threaded_forward with {threads} thread(s) (lab 04's model(ids) is the "
+                     "reference)", atol=1e-4)
+    out = np.full((B, T, V), np.nan, np.float32)
+    pool = I.RowPool(2)
+    try:
+        with arguments_written_back():
+            got = I.threaded_forward(model, ids, pool, out=out)
+    finally:
+        pool.close()
+    assert_close(out, f["logits"], what="the logits threaded_forward wrote into out", atol=1e-4,
+                 hint="with out given, write the logits into it (np.matmul(..., out=...)) and return it")
+    assert_close(got, out, what="what threaded_forward(..., out=out) returns: out itself, holding the logits", atol=0)
+
+
+def test_threaded_forward_hands_its_work_to_the_pool():
+    model, f = _model()
+    ids = f["ids"]
+    B, T = ids.shape
+    pool = I.RowPool(3, min_rows=4)
+    try:
+        I.threaded_forward(model, ids, pool, block_q=8, block_k=8)
+        calls = [int(n) for n in pool.maps]
+        last = [tuple(b) for b in pool.last_blocks]
+    finally:
+        pool.close()
+    rows = [n for n in calls if n == B * T]
+    assert len(calls) == 1 + 5 * LAYERS, (
+        f"threaded_forward made {len(calls)} pool.map calls ({calls}); its docstring states 1 + 5 per block: the "
+        "first ln_1, then per block the heads, the attention tasks, bias + residual + ln_2, bias + GELU, bias + "
+        "residual + the next LayerNorm")
+    assert calls[0] == B * T and len(rows) >= 1 + 3 * LAYERS, (
+        f"pool.map calls over the B·T = {B * T} rows: {len(rows)}; the LayerNorms, residuals and GELU run over row "
+        "blocks of the (B·T, ·) arrays, starting with block 0's ln_1")
+    assert calls.count(B * HEADS) >= LAYERS, (
+        f"each block copies c_attn's output into heads in a map over its B·H = {B * HEADS} heads; maps: {calls}")
+    assert calls[-1] == B * T and last == _expected_blocks(B * T, 3, 4), (
+        f"the last map (bias, residual and ln_f over the B·T rows) handed out {last}: row_blocks({B * T}, 3, 4)")
+
+
+def test_threaded_forward_checks_its_input():
+    model, f = _model()
+    pool = I.RowPool(2)
+    try:
+        logits = I.threaded_forward(model, f["ids"][:1, :10], pool)
+        assert_close(logits, f["logits"][:1, :10], what="threaded_forward on the first 10 tokens of row 0", atol=1e-4)
+        assert logits.dtype == np.float32 and logits.shape == (1, 10, V), \
+            f"threaded_forward returns float32 (B, T, V) logits, got {logits.dtype} {logits.shape}"
+        with raises_clearly(TypeError, when="threaded_forward with a pool that is not a RowPool", mentions="RowPool"):
+            I.threaded_forward(model, f["ids"], None)
+        with raises_clearly(ValueError, when=f"threaded_forward on {L + 1} tokens", mentions="max_seq_len"):
+            I.threaded_forward(model, np.zeros((1, L + 1), np.int64), pool)
+    finally:
+        pool.close()
