@@ -129,7 +129,14 @@ def test_softmax_rows_sum_to_one_and_ignore_shifts(row, shift):
     y = assert_ndarray(cm.softmax(x.copy()), "softmax(x)", dtype=np.float32, shape=x.shape)
     assert_close(y.sum(axis=-1), np.ones(2, np.float32), what="softmax row sums", atol=1e-5,
                  hint="each row of softmax must sum to 1")
-    assert_close(cm.softmax(x + np.float32(shift)), y, what="softmax(x + c)", atol=2e-5, rtol=2e-3,
+    with np.errstate(over="ignore", invalid="ignore"):
+        shifted = cm.softmax(x + np.float32(shift))
+    if np.isfinite(y).all() and not np.isfinite(np.asarray(shifted, dtype=np.float64)).all():
+        raise AssertionError(
+            f"softmax(x + {shift:.6g}) of scores up to {float(np.max(x + np.float32(shift))):.6g} gave NaN or inf "
+            "where softmax(x) was finite: exp overflowed. Subtract each row's max before exponentiating (then every "
+            "exponent is ≤ 0): softmax(x + c) must equal softmax(x)")
+    assert_close(shifted, y, what="softmax(x + c)", atol=2e-5, rtol=2e-3,
                  hint="softmax(x + c) must equal softmax(x)")
 
 
