@@ -240,8 +240,9 @@ def test_attention_keeps_nothing_between_calls():
     assert_close(second, fresh()(f["x"][:, ::-1], other), what=f"a second call of the same LlamaAttention at "
                  f"positions {other.tolist()} vs a fresh layer",
                  diagnoses={"the rotation of the first call's positions, kept on the layer and reused":
-                            fresh()(f["x"][:, ::-1], f["positions"])}, hint="a layer keeps nothing from one call to the "
-                 "next: compute the rotation's angles for the positions of this call")
+                            fresh()(f["x"][:, ::-1], f["positions"])},
+                 hint="a layer keeps nothing from one call to the next: compute the rotation's angles for the "
+                      "positions of this call")
 
 
 # --- config and checkpoints ---------------------------------------------------------------------------
