@@ -93,12 +93,33 @@ def _axis_probes(x: np.ndarray, asked: int) -> dict[str, np.ndarray]:
     return out
 
 
+def _check_normalised_along(y, asked: int, what: str) -> None:
+    """Name the axis a softmax normalised along when it is not the one asked for, however
+    the values themselves came out (the max and the sum may have been taken along different axes)."""
+    y = np.asarray(y, dtype=np.float64)
+    if not np.isfinite(y).all():
+        return
+    asked %= y.ndim
+    if np.allclose(y.sum(axis=asked), 1.0, atol=1e-4):
+        return
+    others = [a for a in range(y.ndim) if a != asked and np.allclose(y.sum(axis=a), 1.0, atol=1e-4)]
+    raise AssertionError(
+        f"{what}: the result does not sum to 1 along axis {asked}, the axis asked for"
+        + (f"; it sums to 1 along axis {others[0]} instead" if others else "")
+        + ": take the max and the sum of exponentials along `axis` (keepdims=True), not along a fixed axis")
+
+
 def test_softmax_matches_reference():
     f = load_fixture(LAB, "softmax")
     x = f["x"].copy()
-    assert_close(cm.softmax(f["x"].copy()), f["y_last"], what="softmax(x) over the last axis",
-                 diagnoses=_axis_probes(x, -1))
-    assert_close(cm.softmax(f["x"], axis=1), f["y_axis1"], what="softmax(x, axis=1)",
+    y = cm.softmax(f["x"].copy())
+    if np.shape(y) == x.shape:
+        _check_normalised_along(y, -1, "softmax(x) over the last axis")
+    assert_close(y, f["y_last"], what="softmax(x) over the last axis", diagnoses=_axis_probes(x, -1))
+    y = cm.softmax(f["x"], axis=1)
+    if np.shape(y) == x.shape:
+        _check_normalised_along(y, 1, "softmax(x, axis=1)")
+    assert_close(y, f["y_axis1"], what="softmax(x, axis=1)",
                  hint="softmax must normalise along the axis it is given", diagnoses=_axis_probes(x, 1))
 
 
@@ -108,7 +129,14 @@ def test_softmax_rows_sum_to_one_and_ignore_shifts(row, shift):
     y = assert_ndarray(cm.softmax(x.copy()), "softmax(x)", dtype=np.float32, shape=x.shape)
     assert_close(y.sum(axis=-1), np.ones(2, np.float32), what="softmax row sums", atol=1e-5,
                  hint="each row of softmax must sum to 1")
-    assert_close(cm.softmax(x + np.float32(shift)), y, what="softmax(x + c)", atol=2e-5, rtol=2e-3,
+    with np.errstate(over="ignore", invalid="ignore"):
+        shifted = cm.softmax(x + np.float32(shift))
+    if np.isfinite(y).all() and not np.isfinite(np.asarray(shifted, dtype=np.float64)).all():
+        raise AssertionError(
+            f"softmax(x + {shift:.6g}) of scores up to {float(np.max(x + np.float32(shift))):.6g} gave NaN or inf "
+            "where softmax(x) was finite: exp overflowed. Subtract each row's max before exponentiating (then every "
+            "exponent is ≤ 0): softmax(x + c) must equal softmax(x)")
+    assert_close(shifted, y, what="softmax(x + c)", atol=2e-5, rtol=2e-3,
                  hint="softmax(x + c) must equal softmax(x)")
 
 
@@ -148,7 +176,13 @@ def test_attention_matches_reference():
     f = load_fixture(LAB, "sdpa")
     q, k, v, mask = f["q"], f["k"], f["v"], f["mask"]
     d = q.shape[-1]
-    out, w = cm.scaled_dot_product_attention(q.copy(), k.copy(), v.copy(), mask.copy())
+    given = {"q": q.copy(), "k": k.copy(), "v": v.copy(), "mask": mask.copy()}
+    out, w = cm.scaled_dot_product_attention(given["q"], given["k"], given["v"], given["mask"])
+    changed = [name for name, a in given.items() if not np.array_equal(a, f[name])]
+    assert not changed, (
+        f"scaled_dot_product_attention(q, k, v, mask) changed the arrays it was given ({', '.join(changed)}): "
+        "compute the scores and weights into new arrays (`s = s / √d`, not `s /= √d` on an argument); the caller "
+        "still needs its q, k, v and mask")
     assert_close(w, f["weights"], what="attention weights (causal, T=5 queries over S=7 keys)",
                  diagnoses={
                      "softmax(q·kᵀ) with no 1/√d scaling": _naive(q, k, v, mask, 1.0)[1],
@@ -232,9 +266,21 @@ def test_self_attention_matches_reference():
         raise AssertionError(f"CausalSelfAttention weights (B, T, T): in batch row {b}, position {i} attends to "
                              f"position {j} (weight {float(w_arr[b, i, j]):.3g}), which is in the future: apply "
                              "the causal mask to the scores before the softmax")
+    x, T = f["x"].astype(np.float64), f["x"].shape[1]
+    causal = np.tril(np.ones((T, T), bool))
+
+    def attend(W_q, W_k, W_v):
+        return _naive(x @ W_q, x @ W_k, x @ W_v, causal, 1 / math.sqrt(x.shape[-1]))
+
+    Wq, Wk, Wv, Wo = (f[n].astype(np.float64) for n in ("W_q", "W_k", "W_v", "W_o"))
     assert_close(w, f["weights"], what="CausalSelfAttention weights (B, T, T)",
+                 diagnoses={"keys made with W_q instead of W_k (k = x @ W_q)": attend(Wq, Wq, Wv)[1],
+                            "queries made with W_k instead of W_q (q = x @ W_k)": attend(Wk, Wk, Wv)[1],
+                            "queries and keys swapped (x @ W_k as q, x @ W_q as k)": attend(Wk, Wq, Wv)[1]},
                  hint="q = x @ W_q, k = x @ W_k, v = x @ W_v, then causal scaled dot-product attention")
     assert_close(out, f["out"], what="CausalSelfAttention output",
+                 diagnoses={"the attention output without the output projection W_o": attend(Wq, Wk, Wv)[0],
+                            "values made with W_k instead of W_v (v = x @ W_k)": attend(Wq, Wk, Wk)[0] @ Wo},
                  hint="the attention output goes through the output projection: out @ W_o")
     assert_float32(out, "CausalSelfAttention output")
 

@@ -137,16 +137,29 @@ def test_gelu_pointwise(v):
 
 # --- Dropout -------------------------------------------------------------------------------------
 
+def _check_nothing_dropped(y, x, what: str) -> None:
+    """Say that dropout acted in eval mode when it zeroed elements, whatever it did to the rest."""
+    y = np.asarray(y)
+    if y.shape == x.shape and np.issubdtype(y.dtype, np.number):
+        zeroed = int(np.sum((y == 0) & (x != 0)))
+        assert not zeroed, (f"{what} zeroed {zeroed} of {x.size} elements: dropout is active in eval mode; with "
+                            "training=False it returns x unchanged (check self.training)")
+
+
 def test_dropout_is_identity_in_eval_mode():
     x = np.random.default_rng(1).normal(size=(4, 50)).astype(np.float32)
     d = L.Dropout(0.5, rng=np.random.default_rng(0))
     assert d.training is False, "layers start in eval mode (training=False)"
-    assert_close(d(x.copy()), x, what="Dropout(0.5) in eval mode", atol=0, rtol=0,
+    y = d(x.copy())
+    _check_nothing_dropped(y, x, "Dropout(0.5) in eval mode")
+    assert_close(y, x, what="Dropout(0.5) in eval mode", atol=0, rtol=0,
                  hint="dropout must do nothing in eval mode (training=False)")
     d.train()
     d(x.copy())
     d.eval()
-    assert_close(d(x.copy()), x, what="Dropout(0.5) after .train() then .eval()", atol=0, rtol=0,
+    y = d(x.copy())
+    _check_nothing_dropped(y, x, "Dropout(0.5) after .train() then .eval()")
+    assert_close(y, x, what="Dropout(0.5) after .train() then .eval()", atol=0, rtol=0,
                  hint="dropout must do nothing in eval mode (training=False)")
 
 
@@ -162,7 +175,10 @@ def test_dropout_in_training_zeroes_p_and_rescales(p):
         "(each element is dropped with probability p)"
     )
     kept = y[y != 0]
-    assert_close(kept, np.full_like(kept, 3.0 / (1 - p)), what=f"surviving elements of Dropout({p})",
+    wrong = {"survivors left as they were, not scaled by 1/(1-p)": np.full_like(kept, 3.0)}
+    if p != 0.5:  # at p = 0.5, 1/p is 1/(1-p)
+        wrong["survivors scaled by 1/p instead of 1/(1-p)"] = np.full_like(kept, 3.0 / p)
+    assert_close(kept, np.full_like(kept, 3.0 / (1 - p)), what=f"surviving elements of Dropout({p})", diagnoses=wrong,
                  hint="inverted dropout scales the survivors by 1/(1-p) so the expected value is unchanged")
 
 

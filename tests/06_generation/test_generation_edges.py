@@ -1,9 +1,9 @@
-"""Lab 06 · edge cases: token 0 as the end-of-sequence token, and a loss that leaves the
-ids it is given as they were."""
+"""Lab 06 · edge cases: token 0 as the end-of-sequence token, a loss that leaves the
+ids it is given as they were, and log_softmax along an axis other than the last."""
 
 import numpy as np
 
-from gptkit.testing import fixture_params, lab, load_fixture
+from gptkit.testing import assert_close, fixture_params, lab, load_fixture
 from gptkit.testing.parameters import set_parameters
 
 S = lab("generation")
@@ -53,3 +53,28 @@ def test_next_token_loss_leaves_the_ids_unchanged():
     S.cross_entropy(logits, targets, ignore_index=0)
     assert np.array_equal(logits, logits_before) and np.array_equal(targets, targets_before), (
         "cross_entropy changed the logits or targets it was given: compute into new arrays, never in place")
+
+
+def test_log_softmax_along_the_first_axis():
+    x = np.random.default_rng(62).normal(0, 4, (3, 4, 5)).astype(np.float32)
+    x[1, 2, 3] = 3000.0  # large enough to overflow exp without the max subtracted
+    x64 = x.astype(np.float64)
+    for axis in (0, 1):
+        got = np.asarray(S.log_softmax(x, axis=axis))
+        peak = x64.max(axis=axis, keepdims=True)
+        want = x64 - peak - np.log(np.exp(x64 - peak).sum(axis=axis, keepdims=True))
+        if got.shape == x.shape and np.isfinite(got).all():
+            totals = np.exp(got.astype(np.float64)).sum(axis=axis)
+            assert np.allclose(totals, 1.0, atol=1e-4), (
+                f"log_softmax(x, axis={axis}) of x {x.shape}: exp of the result must sum to 1 along axis {axis}, "
+                f"it sums to values from {totals.min():.3g} to {totals.max():.3g}"
+                + (" (it sums to 1 along the last axis instead)"
+                   if np.allclose(np.exp(got.astype(np.float64)).sum(axis=-1), 1.0, atol=1e-4) else "")
+                + f": the sum of exponentials runs along `axis`, not always the last one")
+        with np.errstate(all="ignore"):
+            last_peak = x64.max(axis=-1, keepdims=True)  # the max taken along the last axis whatever `axis` says
+            wrong_peak = x64 - last_peak - np.log(np.exp(x64 - last_peak).sum(axis=axis, keepdims=True))
+        assert_close(got, want.astype(np.float32), what=f"log_softmax(x, axis={axis}) of x {x.shape}", atol=1e-5,
+                     rtol=1e-5, diagnoses={"the max taken along the last axis whatever `axis` says": wrong_peak},
+                     hint=f"take the max and the sum of exponentials along axis={axis}, with keepdims=True")
+        assert got.dtype == np.float32, f"log_softmax(x, axis={axis}) of float32 x returned {got.dtype}: keep float32"

@@ -238,8 +238,11 @@ def test_attention_keeps_nothing_between_calls():
     second = attn(f["x"][:, ::-1], other)
     assert_close(first, f["attention"], what="LlamaAttention, first call", diagnoses=stored_diagnoses(f, "attention"))
     assert_close(second, fresh()(f["x"][:, ::-1], other), what=f"a second call of the same LlamaAttention at "
-                 f"positions {other.tolist()} vs a fresh layer", hint="a layer keeps nothing from one call to the "
-                 "next: compute the rotation's angles for the positions of this call")
+                 f"positions {other.tolist()} vs a fresh layer",
+                 diagnoses={"the rotation of the first call's positions, kept on the layer and reused":
+                            fresh()(f["x"][:, ::-1], f["positions"])},
+                 hint="a layer keeps nothing from one call to the next: compute the rotation's angles for the "
+                      "positions of this call")
 
 
 # --- config and checkpoints ---------------------------------------------------------------------------
@@ -277,7 +280,8 @@ def test_to_model_layout_transposes_linear_weights():
                         ("lm_head.weight", (7, 6))):
         w = rng.standard_normal(shape).astype(np.float32)
         assert_close(L.to_model_layout(name, w), w.T, what=f"to_model_layout({name!r}) of a {shape} weight",
-                     atol=0, rtol=0, hint=TRANSPOSE_HINT)
+                     atol=0, rtol=0, hint=TRANSPOSE_HINT,
+                     diagnoses={"the checkpoint's (out, in) weight returned as it is, not transposed": w})
     for name, shape in (("embed_tokens.weight", (7, 6)), ("norm.weight", (6,))):
         w = rng.standard_normal(shape).astype(np.float32)
         assert_close(L.to_model_layout(name, w), w, what=f"to_model_layout({name!r})", atol=0, rtol=0,

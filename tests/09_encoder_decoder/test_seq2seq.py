@@ -242,9 +242,17 @@ def test_swish_encoder_layer_uses_silu(name):
     out = layer(x)
     mid = layer.self_attn_layer_norm(x + layer.self_attn(x))  # post-norm: the first sub-layer, as your layer has it
     h = mid.astype(np.float64) @ layer.fc1.weight + layer.fc1.bias
-    ff = (h / (1 + np.exp(-h))) @ layer.fc2.weight + layer.fc2.bias
-    expected = layer.final_layer_norm(mid + ff.astype(np.float32))
+    def through(act):
+        return layer.final_layer_norm(mid + (act(h) @ layer.fc2.weight + layer.fc2.bias).astype(np.float32))
+
+    expected = through(lambda h: h / (1 + np.exp(-h)))
     assert_close(out, expected, what=f"EncoderLayer(activation={name!r}) on x (2, 3, {D})", atol=1e-4,
+                 diagnoses={"σ(h) alone, the sigmoid without the factor h (swish is h·σ(h))":
+                            through(lambda h: 1 / (1 + np.exp(-h))),
+                            "tanh(h) in place of h·σ(h)": through(np.tanh),
+                            "ReLU in place of h·σ(h)": through(lambda h: np.maximum(h, 0)),
+                            "GELU in place of h·σ(h)": through(lambda h: h * 0.5 * (1 + np.tanh(
+                                np.sqrt(2 / np.pi) * (h + 0.044715 * h * h * h))))},
                  hint="swish and silu are both x·σ(x), between fc1 and fc2")
     assert_float32(out, f"EncoderLayer(activation={name!r}) output")
 
@@ -486,5 +494,9 @@ def test_attention_without_a_mask_sees_every_key():
     B, T, S = x.shape[0], x.shape[1], memory.shape[1]
     for what, args, full in (("self-attention", (x,), np.ones((B, 1, T, T), bool)),
                              ("cross-attention", (x, memory), np.ones((B, 1, T, S), bool))):
+        n_keys = full.shape[-1]
+        causal = np.broadcast_to(np.tril(np.ones((T, n_keys), bool), n_keys - T), full.shape)
         assert_close(layer(*args), layer(*args, mask=full), what=f"{what} with mask=None vs a mask that allows "
-                     "every key", hint="mask=None means no mask at all: every key may be seen (no causal mask)")
+                     "every key", diagnoses={"mask=None read as a causal mask (the future hidden)":
+                                             layer(*args, mask=causal)},
+                     hint="mask=None means no mask at all: every key may be seen (no causal mask)")

@@ -1,9 +1,11 @@
 """Lab 09 · edge cases: greedy decoding honours the options it is given (an explicit source
-keep-mask, cache_cross=False) and token 0 as the end-of-sequence token."""
+keep-mask, cache_cross=False), token 0 as the end-of-sequence token, an empty batch's length
+mask, shift_right on empty targets and without touching its labels, and Marian's sinusoids
+at long positions."""
 
 import numpy as np
 
-from gptkit.testing import fixture_params, lab, load_fixture
+from gptkit.testing import assert_close, explains_errors, fixture_params, lab, load_fixture
 from gptkit.testing.parameters import set_parameters
 
 M = lab("seq2seq")
@@ -112,3 +114,57 @@ def test_sublayer_dropout_comes_before_the_residual_add():
             f"sublayer (norm_first={norm_first}, dropout 0.5, training) of a sub-layer f that outputs 0 changed the "
             f"residual stream: {form} leaves {'x' if norm_first else 'norm(x)'} as it is when f gives 0. Dropout "
             "acts on f's output before the residual add, never on the sum")
+
+
+def test_length_mask_of_an_empty_batch():
+    for lengths, shown in ((np.zeros(0, np.int64), "np.zeros(0, int)"), ([], "[]")):
+        with explains_errors(f"length_mask({shown}, 4): an empty batch (B = 0)",
+                             "an empty batch gives a (0, max_len) mask: compare np.arange(max_len) with the lengths "
+                             "as a column (lengths[:, None]) instead of looping or stacking rows"):
+            got = np.asarray(M.length_mask(lengths, 4))
+        assert got.shape == (0, 4) and got.dtype == bool, (
+            f"length_mask({shown}, 4) of an empty batch: expected a bool (0, 4) mask, got {got.dtype} {got.shape}")
+
+
+def test_shift_right_leaves_the_labels_unchanged():
+    labels = np.array([[5, 6, -100, -100], [7, -100, 8, -100]])
+    before = labels.copy()
+    got = np.asarray(M.shift_right(labels, 1, 0))
+    assert np.array_equal(labels, before), (
+        f"shift_right(labels, start_id=1, pad_id=0) changed the labels it was given: {before.tolist()} became "
+        f"{labels.tolist()}. Replace -100 by pad_id in the shifted copy, never in the labels: the loss still needs "
+        "their -100s")
+    assert got.tolist() == [[1, 5, 6, 0], [1, 7, 0, 8]], (
+        f"shift_right({before.tolist()}, start_id=1, pad_id=0): expected [[1, 5, 6, 0], [1, 7, 0, 8]], got "
+        f"{got.tolist()}")
+
+
+def test_shift_right_of_empty_targets():
+    labels = np.zeros((2, 0), np.int64)
+    with explains_errors("shift_right(labels of shape (2, 0), start_id=1, pad_id=0): targets of length T = 0",
+                         "T = 0 gives an empty (2, 0) array: there is no column 0 to hold start_id, so write it "
+                         "through a slice (out[:, :1]) or return early"):
+        got = np.asarray(M.shift_right(labels, 1, 0))
+    assert got.shape == (2, 0) and got.dtype == np.int64, (
+        f"shift_right of labels of shape (2, 0): expected an int64 (2, 0) array, got {got.dtype} {got.shape}")
+
+
+def test_marian_sinusoids_are_accurate_at_long_positions():
+    L, D = 20_000, 16
+    pos = np.arange(L, dtype=np.float64)[:, None]
+    angles = pos / np.power(10000.0, np.arange(0, D, 2, dtype=np.float64)[None, :] / D)
+    want = np.concatenate([np.sin(angles), np.cos(angles)], axis=1)
+    got = np.asarray(M.marian_sinusoids(L, D))
+    rows = [0, 1, 4095, 12_345, L - 1]
+    if got.shape == want.shape:
+        off = np.abs(got[rows].astype(np.float64) - want[rows]).max(axis=1)  # per position
+        if off[:2].max() <= 2e-6 < off[2:].max() < 0.05:
+            raise AssertionError(
+                f"marian_sinusoids({L}, {D}): right at positions 0 and 1 but off by up to {off[2:].max():.2g} at "
+                f"positions {rows[2:]}: the error grows with the position, the mark of angles computed in float32. "
+                "Compute the angles pos / 10000^(2i/D) in float64 (or reuse lab 02's table) and convert only the "
+                "finished table to float32: a float32 angle near 20,000 is off by up to 0.001 radians")
+    assert_close(got[rows], want[rows].astype(np.float32), what=f"marian_sinusoids({L}, {D}) at positions {rows}",
+                 atol=2e-6, rtol=0,
+                 hint="compute the angles pos / 10000^(2i/D) in float64 (or reuse lab 02's table) and convert only "
+                      "the finished table to float32: a float32 angle near 20,000 is off by up to 0.001 radians")

@@ -55,8 +55,9 @@ class RMSNorm(Layer):
         self.weight = np.ones(d_model, dtype=np.float32)
 
     def forward(self, x: np.ndarray) -> np.ndarray:
-        """x (..., D) → (..., D), same dtype; the statistics are computed in float32 (or
-        the input's dtype when wider)."""
+        """x (..., D) → (..., D); the statistics are computed in float32 (or the input's
+        dtype when wider), and the output has the dtype of ``x · weight`` (float32 in,
+        float32 out; float16 in with a float32 gain: float32)."""
         x = as_float_array(x, "x")
         check_last_dim(x, "x", self.d_model)
         # YOUR CODE HERE

@@ -50,7 +50,8 @@ def padding_mask(token_ids: np.ndarray, pad_id: int) -> np.ndarray:
 
 
 def length_mask(lengths, max_len: int) -> np.ndarray:
-    """bool (B, max_len): row b is True at positions 0 … lengths[b]-1 (right padding)."""
+    """bool (B, max_len): row b is True at positions 0 … lengths[b]-1 (right padding).
+    An empty batch (B = 0) gives an empty (0, max_len) mask."""
     lengths = np.asarray(lengths)
     check_ndim(lengths, "lengths", ndim=1, shape_hint="(B,)")
     max_len = check_length(max_len, "max_len", minimum=0)
@@ -317,7 +318,8 @@ def marian_sinusoids(max_len: int, d_model: int) -> np.ndarray:
 
 def shift_right(labels: np.ndarray, start_id: int, pad_id: int) -> np.ndarray:
     """Teacher forcing's decoder input: ``start_id`` then labels[:, :-1], int64 (B, T);
-    a label -100 (ignored by a loss) becomes ``pad_id``."""
+    a label -100 (ignored by a loss) becomes ``pad_id``. ``labels`` is not modified (the
+    loss still reads its -100s); T = 0 gives an empty (B, 0) array."""
     labels = np.asarray(labels)
     check_ndim(labels, "labels", ndim=2, shape_hint="(B, T)")
     # YOUR CODE HERE

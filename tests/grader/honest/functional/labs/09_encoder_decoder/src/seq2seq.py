@@ -339,14 +339,13 @@ def marian_sinusoids(max_len: int, d_model: int) -> np.ndarray:
 
 def shift_right(labels: np.ndarray, start_id: int, pad_id: int) -> np.ndarray:
     """Teacher forcing's decoder input: ``start_id`` then labels[:, :-1], int64 (B, T);
-    a label -100 (ignored by a loss) becomes ``pad_id``."""
+    a label -100 (ignored by a loss) becomes ``pad_id``. ``labels`` is not modified (the
+    loss still reads its -100s); T = 0 gives an empty (B, 0) array."""
     labels = np.asarray(labels)
     check_ndim(labels, "labels", ndim=2, shape_hint="(B, T)")
-    out = np.empty(labels.shape, dtype=np.int64)
-    out[:, 0] = start_id
-    out[:, 1:] = labels[:, :-1]
-    out[out == -100] = pad_id
-    return out
+    B, T = labels.shape
+    shifted = np.concatenate([np.full((B, 1), start_id, dtype=np.int64), labels[:, :-1].astype(np.int64)], axis=1)
+    return np.where(shifted == -100, pad_id, shifted)[:, :T]
 
 
 class EncoderDecoderModel(Layer):
