@@ -438,6 +438,15 @@ def test_zero_b_gives_the_base_models_logits_exactly():
     assert sorted(adapters) == want, f"add_lora must return an adapter for every Linear of every block: {want}"
     assert np.array_equal(np.asarray(model(ids)), before), (
         "a model with fresh adapters (B = 0) must give the base model's logits exactly")
+    names = sorted(model.state_dict())
+    assert names == sorted(fixture_params(f)), (
+        f"an adapted model's state_dict() must keep GPT-2's names ({LAB07_CONTRACT}); it has {names[:4]} …")
+
+
+LAB07_CONTRACT = ("lab 07's gpt_backward returns exactly model.state_dict()'s names, and an adapted model's "
+                  "state_dict() keeps GPT-2's names: each adapted layer shows its effective weight W + (α/r)·A @ B as "
+                  "<name>.weight and its bias as <name>.bias (LoRALinear.named_parameters, given), so "
+                  "grads['<name>.weight'] is G = ∂L/∂W_eff")
 
 
 def test_adapted_model_matches_torch():
@@ -451,7 +460,8 @@ def test_adapted_model_matches_torch():
     ids = f["ids"]
     assert_close(model(ids[:, :-1]), f["logits"], atol=1e-4, what="the logits of a GPT-2 with adapters (A, B random)",
                  diagnoses=stored_diagnoses(f, "logits"), hint=LORA_HINT)
-    loss, grads = TR.loss_and_grads(model, ids[:, :-1], ids[:, 1:])
+    with explains_errors("your lab 07's loss_and_grads on a GPT-2 with adapters", LAB07_CONTRACT):
+        loss, grads = TR.loss_and_grads(model, ids[:, :-1], ids[:, 1:])
     with explains_errors("lora_grads of lab 07's gradients of the adapted model",
                          "grads[\"<name>.weight\"] is G = ∂L/∂W_eff; dA = (α/r)·G @ Bᵀ, dB = (α/r)·Aᵀ @ G"):
         got = A.lora_grads(grads, adapters)
