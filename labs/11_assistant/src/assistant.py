@@ -460,8 +460,9 @@ def sample_group(model: GPTModel, prompt_ids: np.ndarray, group_size: int, max_n
 
 def completion_mask(sequences: np.ndarray, prompt_len: int, end_id: int) -> np.ndarray:
     """bool (G, S) for ``sample_group``'s (G, S) rows: True on each row's answer tokens, from
-    position ``prompt_len`` up to and including its first ``end_id`` (to the end of the
-    row if it has none); False on the prompt and on the ``end_id`` filling after the first."""
+    position ``prompt_len`` up to and including the answer's first ``end_id``, searched from
+    ``prompt_len`` on (a prompt of several turns holds ENDs of its own), to the end of the
+    row if it has none; False on the prompt and on the ``end_id`` filling after the first."""
     sequences = np.asarray(sequences)
     check_ndim(sequences, "sequences", ndim=2, shape_hint="(G, S)")
     prompt_len = check_length(prompt_len, "prompt_len", minimum=0)
@@ -475,7 +476,8 @@ def reward(tokenizer, prompt_len: int, sequence: np.ndarray, answer: str) -> flo
     """1.0 if the sampled answer is exactly ``answer``, else 0.0.
 
     The completion is ``sequence[prompt_len:]`` (tokens after the prompt) up to its first
-    ``END``; it scores 1.0 when that END is there and the tokens before it decode to
+    ``END``, searched from ``prompt_len`` on (ENDs inside the prompt, closing earlier turns,
+    do not count); it scores 1.0 when that END is there and the tokens before it decode to
     exactly ``answer`` (no spaces trimmed). An answer that never reaches ``END`` is
     unfinished and scores 0.0. Nothing in the prompt counts, even if it contains the
     answer's text.
@@ -625,7 +627,8 @@ def dpo_loss_and_grads(model: GPTModel, chosen_ids: np.ndarray, chosen_mask: np.
 
     Returns:
         loss: ``dpo_loss`` of the policy's ``sequence_logprobs``; grads: ``gpt_backward``'s
-        dict. Each scored token of a chosen answer gets d loss/d logp = dπc of its pair (a
+        dict. As in ``sequence_logprobs``, a mask with position 0 True is a ValueError (the
+        first token has no log-probability). Each scored token of a chosen answer gets d loss/d logp = dπc of its pair (a
         sum's gradient reaches every term), of a rejected one dπr, and lab 07's backward
         runs once on the chosen and rejected rows together.
     """
@@ -634,6 +637,9 @@ def dpo_loss_and_grads(model: GPTModel, chosen_ids: np.ndarray, chosen_mask: np.
     if chosen_ids.shape != rejected_ids.shape:
         raise ValueError(f"chosen and rejected must be padded to the same shape, got {chosen_ids.shape} and "
                          f"{rejected_ids.shape}")
+    if chosen_mask[:, 0].any() or rejected_mask[:, 0].any():
+        raise ValueError("mask[:, 0] must be False in chosen_mask and rejected_mask: the first token has no "
+                         "log-probability (nothing precedes it), as in sequence_logprobs")
     N = chosen_ids.shape[0]
     # YOUR CODE HERE
     raise NotImplementedError("Lab 11 · dpo_loss_and_grads: one forward on chosen and rejected stacked; summed masked logp; dpo_loss; spread each pair's gradient on its tokens; back as in rl_loss_and_grads")
