@@ -709,6 +709,9 @@ def dpo_loss_and_grads(model: GPTModel, chosen_ids: np.ndarray, chosen_mask: np.
     if chosen_ids.shape != rejected_ids.shape:
         raise ValueError(f"chosen and rejected must be padded to the same shape, got {chosen_ids.shape} and "
                          f"{rejected_ids.shape}")
+    if chosen_mask[:, 0].any() or rejected_mask[:, 0].any():
+        raise ValueError("mask[:, 0] must be False in chosen_mask and rejected_mask: the first token has no "
+                         "log-probability (nothing precedes it), as in sequence_logprobs")
     N = chosen_ids.shape[0]
     ids = np.vstack([chosen_ids, rejected_ids])  # (2N, T): one forward for both
     scored = np.vstack([chosen_mask, rejected_mask])[:, 1:]

@@ -770,6 +770,9 @@ def dpo_loss_and_grads(model: GPTModel, chosen_ids: np.ndarray, chosen_mask: np.
     if chosen_ids.shape != rejected_ids.shape:
         raise ValueError(f"chosen and rejected must be padded to the same shape, got {chosen_ids.shape} and "
                          f"{rejected_ids.shape}")
+    if chosen_mask[:, 0].any() or rejected_mask[:, 0].any():
+        raise ValueError("mask[:, 0] must be False in chosen_mask and rejected_mask: the first token has no "
+                         "log-probability (nothing precedes it), as in sequence_logprobs")
     N = chosen_ids.shape[0]
     scores = NextTokens(model, np.concatenate([chosen_ids, rejected_ids], axis=0))
     scored = np.concatenate([chosen_mask, rejected_mask], axis=0)[:, 1:].astype(np.float32)
