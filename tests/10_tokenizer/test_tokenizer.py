@@ -369,7 +369,9 @@ def test_encode_word_applies_merges_by_rank():
         return
     why = {(b"ab", b"c"): "merged (a, b) first: the pair to merge is the one of lowest rank (rank 0 is (b, c)), "
                           "not the leftmost nor the highest-ranked",
-           (b"a", b"bc"): "stopped after one merge: keep merging by rank until no adjacent pair is a merge"}
+           (b"a", b"bc"): "stopped after one merge: keep merging by rank until no adjacent pair is a merge",
+           (b"a", b"b", b"c"): "no merge applied: one id per byte is where encode_word starts, then the merges apply "
+                               "by rank, lowest first, until none applies"}
     raise AssertionError(f"encode_word(b'abc') with merges (b, c), (a, b), (a, bc) in rank order: expected "
                          f"[b'abc'] (id {ids[b'abc']}), got {got}: "
                          + why.get(tuple(got), "merges apply by rank, lowest first, until none applies"))

@@ -716,6 +716,11 @@ def test_grpo_loss_matches_torch():
         loss, dlogp = A.grpo_loss(f["logp"], f["logp_old"], f["logp_ref"], f["advantages"], f["mask"],
                                   clip_eps=eps, kl_coef=beta)
         what = f"grpo_loss (clip_eps {eps:g}, kl_coef {beta:g})"
+        unclipped = _grpo64(*(f[k].astype(np.float64) for k in ("logp", "logp_old", "logp_ref", "advantages")),
+                            f["mask"], np.inf, beta)
+        if abs(float(loss) - f[f"loss.{key}"]) > 1e-6 and abs(float(loss) - unclipped) <= 1e-6:
+            raise AssertionError(f"{what}: your loss {float(loss):.6g} matches the objective without the clip "
+                                 f"(ratio·A − β·k3); expected {float(f[f'loss.{key}']):.6g}. {GRPO_HINT}")
         assert_close(np.float64(loss), f[f"loss.{key}"], atol=1e-6, what=f"{what}: the loss vs torch",
                      diagnoses=stored_diagnoses(f, f"loss.{key}"), hint=GRPO_HINT)
         assert_close(dlogp, f[f"dlogp.{key}"], atol=1e-6, rtol=1e-5, what=f"{what}: dlogp vs torch.autograd",
@@ -888,6 +893,10 @@ def test_dpo_on_a_model_matches_huggingface():
     with explains_errors("dpo_loss_and_grads on three pairs", hint):
         loss, grads = A.dpo_loss_and_grads(model, f["chosen_ids"], f["chosen_mask"], f["rejected_ids"],
                                            f["rejected_mask"], f["ref_chosen"], f["ref_rejected"], beta=float(f["beta"]))
+    if abs(float(loss) - math.log(2)) < 1e-6 < abs(float(f["loss"]) - math.log(2)):
+        raise AssertionError(f"dpo_loss_and_grads' loss is log 2 = {math.log(2):.6f} (expected {float(f['loss']):.6f}), "
+                             "as when the policy is its own reference: z compares the policy's log-probs with "
+                             "ref_chosen and ref_rejected, the frozen reference's, given")
     assert_close(np.float64(loss), f["loss"], atol=1e-5, what="dpo_loss_and_grads' loss vs PyTorch",
                  diagnoses=stored_diagnoses(f, "loss"), hint=hint)
     _compare_grads(grads, f, "dpo_loss_and_grads vs PyTorch's loss.backward()", hint)
