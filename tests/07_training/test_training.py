@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from gptkit.checkpoints import GPT2Shape, gpt2_parameter_shapes, random_gpt2_state
 from gptkit.testing import (arguments_written_back, assert_close, assert_float32, explains_errors, first_in_order, fixture_params, lab,
                             load_fixture, numeric_gradient, raises_clearly, stored_diagnoses)
+from gptkit.layer import Layer
 from gptkit.testing.parameters import set_parameters
 
 S = lab("training")
@@ -341,9 +342,7 @@ def test_model_gradients_match_huggingface():
     assert_close(np.float64(loss), np.float64(f["loss"]), what="the loss vs HuggingFace's labels= loss", atol=1e-5,
                  diagnoses=stored_diagnoses(f, "loss"))
     expected = fixture_params(f, "grad.")
-    assert isinstance(grads, dict) and sorted(grads) == sorted(expected), (
-        f"loss_and_grads must return a gradient for every parameter under model.state_dict()'s names; missing: "
-        f"{sorted(set(expected) - set(grads))[:5]}, unexpected: {sorted(set(grads) - set(expected))[:5]}")
+    _check_names(grads, expected, "loss_and_grads")
     tol = {name: 2e-5 * float(np.abs(g).max()) + 1e-7 for name, g in expected.items()}
     backward = _backward_order(SHAPE)  # the first gradient that differs is where the backward pass first goes wrong
     for name in backward:
@@ -492,6 +491,73 @@ def test_gradients_are_float32_under_gpt2_names():
     for name, value in state.items():
         assert grads[name].shape == value.shape, f"grads[{name!r}] has shape {grads[name].shape}, the parameter {value.shape}"
         assert_float32(grads[name], f"the gradient of {name}")
+
+
+def _check_names(grads, expected, what):
+    """``grads`` is a dict under exactly ``expected``'s names; a failure names what the names
+    look like instead."""
+    __tracebackhide__ = True
+    if not isinstance(grads, dict):
+        raise AssertionError(f"{what} must return its gradients as a dict {{name: array}}, got {type(grads).__name__}")
+    if any(str(k).startswith("transformer.") for k in grads):
+        raise AssertionError(f"{what}: your gradients' names match save_pretrained's 'transformer.'-prefixed names: "
+                             f"gpt_backward uses exactly model.state_dict()'s names ({sorted(expected)[:3]} …)")
+    if sorted(grads) != sorted(expected):
+        raise AssertionError(
+            f"{what} must return a gradient for every parameter under exactly model.state_dict()'s names; missing: "
+            f"{sorted(set(expected) - set(grads))[:5]}, unexpected: {sorted(set(grads) - set(expected))[:5]}")
+
+
+class _DerivedLinear(Layer):
+    """A Linear whose weight is computed, twice ``inner.weight``, as lab 11's adapted layers
+    compute theirs (W + (α/r)·A @ B): its state dict shows a plain Linear's ``weight`` and
+    ``bias``, read-only, and the forward uses them."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    @property
+    def weight(self):
+        return self.inner.weight * np.float32(2.0)
+
+    @property
+    def bias(self):
+        return self.inner.bias
+
+    def forward(self, x):
+        return x @ self.weight + self.bias
+
+    def named_parameters(self, prefix=""):
+        for name, value in (("weight", self.weight), ("bias", self.bias)):
+            view = value.view()
+            view.flags.writeable = False
+            yield f"{prefix}{name}", view
+
+
+CONTRACT = ("gpt_backward returns exactly model.state_dict()'s names and shapes, for the model it is given, and "
+            "each layer's gradient is with respect to the weight its forward used (the layer's weight attribute): "
+            "lab 11 gives it models whose Linear layers carry adapters, shown to state_dict() as plain Linears")
+
+
+def test_gradient_names_are_the_given_models_state_dict():
+    """The contract lab 11 builds on: on a model whose h.0.mlp.c_fc computes its weight (as
+    an adapted layer does), the names are still state_dict()'s and that layer's gradient is
+    the one a plain layer holding the same weight would get."""
+    f = load_fixture(LAB, "model")
+    state = fixture_params(f)
+    ids = f["ids"]
+    model = _model(state)
+    inner = model.h[0].mlp.c_fc
+    model.h[0].mlp.c_fc = _DerivedLinear(inner)
+    with explains_errors("loss_and_grads on a model whose h.0.mlp.c_fc computes its weight", CONTRACT):
+        _, grads = S.loss_and_grads(model, ids[:, :-1], ids[:, 1:])
+    _check_names(grads, model.state_dict(), "loss_and_grads on a model whose h.0.mlp.c_fc computes its weight")
+    plain_state = dict(state, **{"h.0.mlp.c_fc.weight": state["h.0.mlp.c_fc.weight"] * np.float32(2.0)})
+    _, want = S.loss_and_grads(_model(plain_state), ids[:, :-1], ids[:, 1:])
+    for name in ("h.0.mlp.c_fc.weight", "h.0.mlp.c_fc.bias", "h.0.ln_2.weight", "wte.weight"):
+        assert_close(grads[name], want[name], atol=1e-6 * float(np.abs(want[name]).max()) + 1e-9, rtol=1e-5,
+                     what=f"the gradient of {name} with h.0.mlp.c_fc's weight computed, against your own gradient "
+                          "of a plain model holding that weight", hint=CONTRACT)
 
 
 def test_tiny_model_overfits_one_batch():

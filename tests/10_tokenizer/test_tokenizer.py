@@ -235,6 +235,11 @@ def test_train_bpe_vocab_size_gives_the_number_of_merges():
 
 def test_train_bpe_never_merges_across_pre_tokens():
     vocab, merges = T.train_bpe("ab ab ab ab!! ab.", 256 + 8)
+    learned = {a + b for a, b in _as_merges(merges)}
+    assert {b"ab", b"!!"} <= learned, (
+        f"train_bpe('ab ab ab ab!! ab.', vocab_size=264) learned {sorted(learned)}: the pairs inside the pre-tokens, "
+        "(a, b) five times and (!, !) once, must be merged (a vocabulary of 264 asks for up to 8 merges; fewer only "
+        "when no pair is left)")
     pieces = {"ab", " ab", "!!", "."}
     allowed = {p.encode()[i:j] for p in pieces for i in range(len(p)) for j in range(i + 1, len(p) + 1)}
     bad = [a + b for a, b in _as_merges(merges) if a + b not in allowed]
@@ -244,6 +249,9 @@ def test_train_bpe_never_merges_across_pre_tokens():
 
 def test_train_bpe_never_merges_into_special_tokens():
     vocab, merges = T.train_bpe(f"hi{EOT}ho{EOT}hi{EOT}", 256 + 1 + 6, [EOT])
+    _assert_merges(merges, [(b"h", b"i"), (b"h", b"o")], f"train_bpe('hi{EOT}ho{EOT}hi{EOT}', vocab_size=263, {EOT})",
+                   "Between the special tokens the words are 'hi', 'ho', 'hi': (h, i) twice, then (h, o) once, and no "
+                   "other pair (special tokens are cut out before counting, never merged into)")
     bad = [a + b for a, b in _as_merges(merges) if any(ch in (a + b) for ch in (b"<", b"|", b">"))]
     assert not bad, f"train_bpe merged {bad[0]!r} from the special token {EOT!r}: special tokens are cut out " \
                     "of the corpus before counting, never merged into"
@@ -361,7 +369,9 @@ def test_encode_word_applies_merges_by_rank():
         return
     why = {(b"ab", b"c"): "merged (a, b) first: the pair to merge is the one of lowest rank (rank 0 is (b, c)), "
                           "not the leftmost nor the highest-ranked",
-           (b"a", b"bc"): "stopped after one merge: keep merging by rank until no adjacent pair is a merge"}
+           (b"a", b"bc"): "stopped after one merge: keep merging by rank until no adjacent pair is a merge",
+           (b"a", b"b", b"c"): "no merge applied: one id per byte is where encode_word starts, then the merges apply "
+                               "by rank, lowest first, until none applies"}
     raise AssertionError(f"encode_word(b'abc') with merges (b, c), (a, b), (a, bc) in rank order: expected "
                          f"[b'abc'] (id {ids[b'abc']}), got {got}: "
                          + why.get(tuple(got), "merges apply by rank, lowest first, until none applies"))

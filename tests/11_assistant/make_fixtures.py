@@ -48,7 +48,7 @@ CONVERSATIONS = [
      ("assistant", "42")],
     [("assistant", "I start."), ("user", "ok"), ("assistant", "")],
 ]
-PAD_ID = 0
+PAD_ID = 7  # not 0: padding with zeros instead of pad_id must show
 LORA_ALPHA, LORA_RANK = 6.0, 3  # scale α/r = 2: neither 1 (no scale) nor r/α = 0.5
 MODEL_LORA_ALPHA, MODEL_LORA_RANK = 4.0, 2
 SMALL = GPT2Shape(vocab_size=13, d_model=16, num_layers=2, num_heads=2, max_seq_len=12)
@@ -279,7 +279,9 @@ def _logprobs_case(a, g, rng):
 
 
 def _advantages_case(a):
-    rewards = np.array([[1, 0, 0, 1], [1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 0, 0], [0.5, 0.2, 0.9, 0.1]], np.float32)
+    # the last group differs by little: dividing by std + eps and by √(var + eps) are far apart there
+    rewards = np.array([[1, 0, 0, 1], [1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 0, 0], [0.5, 0.2, 0.9, 0.1],
+                        [0.0, 0.001, 0.002, 0.001]], np.float32)
     r = rewards.astype(np.float64)
     adv = (r - r.mean(1, keepdims=True)) / (r.std(1, keepdims=True) + 1e-6)
     case = {"rewards": rewards, "advantages": adv}

@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gptkit.checkpoints import GPT2Shape, random_gpt2_state
+from gptkit.memory import peak_memory
 from gptkit.testing import (arguments_written_back, assert_close, assert_float32, assert_ndarray, explains_errors,
                             first_in_order, fixture_params, lab, load_fixture, numeric_gradient, raises_clearly,
                             same_object, stored_diagnoses)
@@ -395,14 +396,28 @@ def test_lora_merge_and_unmerge():
     layer = A.LoRALinear(_linear(f["W"], f["b"]), int(f["rank"]), float(f["alpha"]), rng=np.random.default_rng(1))
     layer.A, layer.B = f["A"], f["B"]
     what = "LoRALinear merge"
+    held = layer.base.weight  # what an optimizer or a state dict would hold
     with arguments_written_back():
         layer.merge()
     assert layer.merged, f"{what}: merged must be True after merge()"
+    assert same_object(layer.base.weight, held), (
+        f"{what}: merge() must add (α/r)·A @ B into base.weight in place (W += …); yours rebinds base.weight to a "
+        "new array, so anything that holds the old one (an optimizer, a state dict) never sees the merge")
     assert_close(np.asarray(layer.base.weight), f["merged_weight"], atol=1e-5, what=f"{what}: base.weight after merge()",
                  diagnoses=stored_diagnoses(f, "merged_weight"), hint="merge adds (α/r)·A @ B into base.weight, in place")
     assert_close(layer(f["x"]), f["y"], atol=1e-5, what=f"{what}: the merged layer's output",
                  hint="once merged, the layer is the base alone: W already holds the adapter (adding it again counts "
                       "it twice)")
+    dx = assert_ndarray(layer.backward(f["dout"], f["x"])[0], f"{what}: dx of the merged layer's backward",
+                        dtype=np.float32, shape=f["dx"].shape)
+    s = float(f["alpha"]) / int(f["rank"])
+    again = f["dx"] + s * (f["dout"] @ f["B"].T) @ f["A"].T
+    if not np.allclose(dx, f["dx"], atol=1e-5) and np.allclose(dx, again, atol=1e-5):
+        raise AssertionError(f"{what}: your merged layer's backward adds the adapter's path (α/r)·(dout @ Bᵀ) @ Aᵀ to "
+                             "dx again: W already holds (α/r)·A @ B, so a merged layer's dx = dout @ Wᵀ alone")
+    assert_close(dx, f["dx"], atol=1e-5, what=f"{what}: dx of the merged layer's backward",
+                 hint="a merged layer's backward: W already holds the adapter, so dx = dout @ Wᵀ alone (the same dx as "
+                      "before the merge)")
     with raises_clearly(ValueError, when="merge() of a merged layer", mentions="merged"):
         layer.merge()
     layer.unmerge()
@@ -411,6 +426,24 @@ def test_lora_merge_and_unmerge():
                  hint="unmerge takes (α/r)·A @ B back out of base.weight")
     with raises_clearly(ValueError, when="unmerge() of a layer that is not merged", mentions="merged"):
         layer.unmerge()
+
+
+def test_lora_forward_never_forms_the_full_update():
+    """A 1024 × 1024 layer at rank 4 on two rows: the rank-r path holds a few kB more than
+    the base layer alone, W + (α/r)·A @ B is 4 MB."""
+    rng = np.random.default_rng(12)
+    d = 1024
+    base = _linear(rng.normal(0, 0.02, (d, d)).astype(np.float32), rng.normal(0, 0.1, d).astype(np.float32))
+    layer = A.LoRALinear(base, 4, 8.0, rng=np.random.default_rng(2))
+    layer.B = rng.normal(0, 0.1, (4, d)).astype(np.float32)
+    x = rng.normal(0, 1, (2, d)).astype(np.float32)
+    _, alone = peak_memory(base, x)  # what the base layer holds by itself
+    y, peak = peak_memory(layer, x)
+    assert_ndarray(y, "LoRALinear(Linear(1024, 1024), rank=4)(x (2, 1024))", dtype=np.float32, shape=(2, d))
+    assert peak - alone < 1_000_000, (
+        f"LoRALinear(Linear(1024, 1024), rank=4) on x (2, 1024) held {(peak - alone) / 1e6:.1f} MB at once more than "
+        "its base layer alone: the forward forms a d_in × d_out matrix (W + (α/r)·A @ B is 4 MB); compute "
+        "base(x) + (α/r)·(x @ A) @ B through the rank-r bottleneck, never forming the full update")
 
 
 def test_lora_leaves_the_base_frozen():
@@ -438,6 +471,15 @@ def test_zero_b_gives_the_base_models_logits_exactly():
     assert sorted(adapters) == want, f"add_lora must return an adapter for every Linear of every block: {want}"
     assert np.array_equal(np.asarray(model(ids)), before), (
         "a model with fresh adapters (B = 0) must give the base model's logits exactly")
+    names = sorted(model.state_dict())
+    assert names == sorted(fixture_params(f)), (
+        f"an adapted model's state_dict() must keep GPT-2's names ({LAB07_CONTRACT}); it has {names[:4]} …")
+
+
+LAB07_CONTRACT = ("lab 07's gpt_backward returns exactly model.state_dict()'s names, and an adapted model's "
+                  "state_dict() keeps GPT-2's names: each adapted layer shows its effective weight W + (α/r)·A @ B as "
+                  "<name>.weight and its bias as <name>.bias (LoRALinear.named_parameters, given), so "
+                  "grads['<name>.weight'] is G = ∂L/∂W_eff")
 
 
 def test_adapted_model_matches_torch():
@@ -451,7 +493,8 @@ def test_adapted_model_matches_torch():
     ids = f["ids"]
     assert_close(model(ids[:, :-1]), f["logits"], atol=1e-4, what="the logits of a GPT-2 with adapters (A, B random)",
                  diagnoses=stored_diagnoses(f, "logits"), hint=LORA_HINT)
-    loss, grads = TR.loss_and_grads(model, ids[:, :-1], ids[:, 1:])
+    with explains_errors("your lab 07's loss_and_grads on a GPT-2 with adapters", LAB07_CONTRACT):
+        loss, grads = TR.loss_and_grads(model, ids[:, :-1], ids[:, 1:])
     with explains_errors("lora_grads of lab 07's gradients of the adapted model",
                          "grads[\"<name>.weight\"] is G = ∂L/∂W_eff; dA = (α/r)·G @ Bᵀ, dB = (α/r)·Aᵀ @ G"):
         got = A.lora_grads(grads, adapters)
@@ -511,6 +554,33 @@ def test_sample_group_is_lab06_generate():
     assert got.shape == want.shape and np.array_equal(got, want), (
         "sample_group(model, prompt, 6, 7, rng=default_rng(21), end_id=3) differs from your lab 06 generate on 6 "
         "copies of the prompt with the same rng and eos_token_id=3: one generate call, KV cache on, end_id as the EOS")
+    seen = []  # the token shapes the whole model is run on
+    whole = model.forward
+
+    def spy(token_ids, *args, **kwargs):
+        seen.append(np.shape(token_ids))
+        return whole(token_ids, *args, **kwargs)
+
+    model.forward = spy
+    try:
+        got = A.sample_group(model, prompt, 6, 7, temperature=0.5, rng=np.random.default_rng(22), end_id=end_id)
+    finally:
+        del model.forward
+    rerun = [shape for shape in seen if len(shape) == 2 and shape[1] > len(prompt)]
+    assert not rerun, (
+        f"sample_group ran the whole model on the sequence so far {len(rerun)} times (up to {max(s[1] for s in rerun)} "
+        "tokens): sample with lab 06's KV cache on (use_cache=True), the prompt once and then one token per step")
+    kw = dict(rng=np.random.default_rng(22), eos_token_id=end_id, use_cache=True)
+    want = GEN.generate(model, np.repeat(prompt[None], 6, 0), 7, temperature=0.5, **kw)
+    got = np.asarray(got)
+    if not (got.shape == want.shape and np.array_equal(got, want)):
+        kw["rng"] = np.random.default_rng(22)
+        at_one = GEN.generate(model, np.repeat(prompt[None], 6, 0), 7, temperature=1.0, **kw)
+        assert not (got.shape == at_one.shape and np.array_equal(got, at_one)), (
+            "sample_group(…, temperature=0.5) ignores its temperature: your rows are lab 06's generate at temperature "
+            "1; pass the temperature given on to generate")
+        raise AssertionError("sample_group(model, prompt, 6, 7, temperature=0.5, rng=default_rng(22), end_id=3) differs "
+                             "from your lab 06 generate at temperature 0.5 with the same rng")
 
 
 def test_completion_mask_marks_the_answer_up_to_its_end():
@@ -522,6 +592,18 @@ def test_completion_mask_marks_the_answer_up_to_its_end():
         f"completion_mask(prompt_len=3, end_id=9) of {seqs.tolist()}: got {got.astype(int).tolist()}, expected "
         f"{want.astype(int).tolist()}: True from prompt_len up to and including the first end_id, never the prompt "
         "nor the filling after it")
+    # a prompt of several turns holds ENDs of its own: the answer's first END is searched from prompt_len
+    seqs = np.array([[5, 9, 6, 7, 1, 2, 9, 9], [9, 5, 9, 6, 9, 9, 9, 9]])
+    want = np.array([[0, 0, 0, 0, 1, 1, 1, 0], [0, 0, 0, 0, 1, 0, 0, 0]], bool)
+    got = assert_ndarray(A.completion_mask(seqs, 4, 9), "completion_mask", dtype=bool, shape=want.shape)
+    if not np.array_equal(got, want):
+        from_zero = (np.cumsum(seqs == 9, axis=1) - (seqs == 9) == 0) & (np.arange(8) >= 4)
+        named = (" Your mask matches the first END searched from position 0: the search starts at prompt_len"
+                 if np.array_equal(got, from_zero) else "")
+        raise AssertionError(
+            f"completion_mask(prompt_len=4, end_id=9) of {seqs.tolist()}, prompts that hold ENDs of earlier turns: got "
+            f"{got.astype(int).tolist()}, expected {want.astype(int).tolist()}: the answer's first end_id is searched "
+            f"from prompt_len on.{named}")
 
 
 def _byte_ids(text):
@@ -553,6 +635,13 @@ def test_reward_reads_only_the_completion():
                 "prompt counts, even when it holds the answer's text")
         assert got == want, f"reward for the completion {answer!r} to a prompt that mentions 432, answer '432': " \
                             f"{got}, expected {want}. {hint}"
+    earlier = _byte_ids("<|user|>1+1<|assistant|>2<|end|><|user|>What is 347+85?<|assistant|>")
+    for answer, want in {"432<|end|>": 1.0, "43<|end|>": 0.0}.items():
+        got = A.reward(tok, len(earlier), np.array(earlier + _byte_ids(answer), np.int64), "432")
+        assert got == want, (
+            f"reward for the completion {answer!r} to a prompt of two turns (the first answer's <|end|> inside the "
+            f"prompt), answer '432': {got}, expected {want}: the completion's first END is searched from prompt_len "
+            "on; the ENDs of the prompt close earlier turns")
 
 
 # --- RL: advantages, the clipped loss, the KL ----------------------------------------------------
@@ -575,7 +664,22 @@ def test_equal_rewards_give_zero_advantages(P, G, value):
     rewards = np.full((P, G), value, np.float32)
     got = assert_ndarray(A.group_advantages(rewards), "group_advantages", dtype=np.float32, shape=(P, G))
     assert np.all(got == 0), (f"group_advantages of {P} groups of {G} equal rewards ({value}) must be exactly 0, got "
-                              f"{got.tolist()}: a group where every answer is equally good teaches nothing")
+                              f"{got.tolist()}: a group where every answer is equally good teaches nothing; set its advantages "
+                              "to 0 explicitly (an explicit zero), since float32 rounding of the mean leaves r − mean "
+                              "a hair off 0 and std + eps ≈ eps blows it up")
+
+
+def test_equal_rewards_get_an_explicit_zero():
+    """Groups of equal rewards whose float32 mean rounds away from the reward: r − mean is a
+    hair off 0, and std + eps ≈ eps would blow it up."""
+    for value, G in ((0.9, 3), (0.6, 6), (0.9, 11)):
+        rewards = np.full((2, G), value, np.float32)
+        rewards[1] = [1.0, 0.0] * (G // 2) + [1.0] * (G % 2)
+        got = assert_ndarray(A.group_advantages(rewards), "group_advantages", dtype=np.float32, shape=(2, G))
+        assert np.all(got[0] == 0), (
+            f"group_advantages of a group of {G} rewards all {value}: got {got[0].tolist()}, expected exactly 0. Set a "
+            "group of equal rewards' advantages to 0 explicitly (an explicit zero): in float32 the mean rounds, so "
+            "r − mean is a hair off 0, and dividing by std + eps ≈ eps makes it an advantage")
 
 
 @_random_seeds(10)
@@ -613,6 +717,11 @@ def test_grpo_loss_matches_torch():
         loss, dlogp = A.grpo_loss(f["logp"], f["logp_old"], f["logp_ref"], f["advantages"], f["mask"],
                                   clip_eps=eps, kl_coef=beta)
         what = f"grpo_loss (clip_eps {eps:g}, kl_coef {beta:g})"
+        unclipped = _grpo64(*(f[k].astype(np.float64) for k in ("logp", "logp_old", "logp_ref", "advantages")),
+                            f["mask"], np.inf, beta)
+        if abs(float(loss) - f[f"loss.{key}"]) > 1e-6 and abs(float(loss) - unclipped) <= 1e-6:
+            raise AssertionError(f"{what}: your loss {float(loss):.6g} matches the objective without the clip "
+                                 f"(ratio·A − β·k3); expected {float(f[f'loss.{key}']):.6g}. {GRPO_HINT}")
         assert_close(np.float64(loss), f[f"loss.{key}"], atol=1e-6, what=f"{what}: the loss vs torch",
                      diagnoses=stored_diagnoses(f, f"loss.{key}"), hint=GRPO_HINT)
         assert_close(dlogp, f[f"dlogp.{key}"], atol=1e-6, rtol=1e-5, what=f"{what}: dlogp vs torch.autograd",
@@ -785,6 +894,15 @@ def test_dpo_on_a_model_matches_huggingface():
     with explains_errors("dpo_loss_and_grads on three pairs", hint):
         loss, grads = A.dpo_loss_and_grads(model, f["chosen_ids"], f["chosen_mask"], f["rejected_ids"],
                                            f["rejected_mask"], f["ref_chosen"], f["ref_rejected"], beta=float(f["beta"]))
+    if abs(float(loss) - math.log(2)) < 1e-6 < abs(float(f["loss"]) - math.log(2)):
+        raise AssertionError(f"dpo_loss_and_grads' loss is log 2 = {math.log(2):.6f} (expected {float(f['loss']):.6f}), "
+                             "as when the policy is its own reference: z compares the policy's log-probs with "
+                             "ref_chosen and ref_rejected, the frozen reference's, given")
     assert_close(np.float64(loss), f["loss"], atol=1e-5, what="dpo_loss_and_grads' loss vs PyTorch",
                  diagnoses=stored_diagnoses(f, "loss"), hint=hint)
     _compare_grads(grads, f, "dpo_loss_and_grads vs PyTorch's loss.backward()", hint)
+    first = f["chosen_mask"].copy()
+    first[:, 0] = True
+    with raises_clearly(ValueError, when="dpo_loss_and_grads with chosen_mask[:, 0] True", mentions="mask"):
+        A.dpo_loss_and_grads(model, f["chosen_ids"], first, f["rejected_ids"], f["rejected_mask"], f["ref_chosen"],
+                             f["ref_rejected"], beta=float(f["beta"]))

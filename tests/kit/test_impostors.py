@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from grader.catalogue import Bug, Edit, bugged_tree
 from gptkit.testing import impostors
 from gptkit.testing.layout import KIT_ROOT, lab_dirs
 from grader.rubric import load_rubric
@@ -149,3 +150,53 @@ def test_no_test_reads_back_the_arguments_it_passed(tmp_path):
     assert not bad, ("these tests fail when lab code gives the right results but spoils its array arguments "
                      "afterwards: each reads an array it passed to lab code (pass a copy; compute what it expects "
                      f"before the call): {', '.join(bad)}")
+
+
+# Impostors written against labs 10 and 11: the reference with one task faked so that a
+# property, count or starting-value test still holds. Each may earn the points of the
+# tests it really does (`earns`: name prefixes), never those of the task it fakes.
+TOKENIZER = "tokenizer.py"
+ASSISTANT = "assistant.py"
+IMPOSTORS = {
+    "a byte-for-byte tokenizer: no merges learned or applied, GPT-2's files never read": (
+        "10_tokenizer", (
+            Edit(TOKENIZER, "        raise TypeError(f\"train_bpe's text must be a str, got {type(text).__name__}\")\n",
+                 "        raise TypeError(f\"train_bpe's text must be a str, got {type(text).__name__}\")\n"
+                 "    return ({i: bytes([i]) for i in range(256)} | {256 + k: s.encode() for k, s in enumerate(specials)},"
+                 " [])\n"),
+            Edit(TOKENIZER, "        ids = [self._byte_ids[b] for b in word]\n        while len(ids) > 1:\n",
+                 "        ids = [self._byte_ids[b] for b in word]\n        return ids\n        while len(ids) > 1:\n"),
+            Edit(TOKENIZER, "        to_byte = {ch: b for b, ch in bytes_to_unicode().items()}\n",
+                 "        return cls({i: bytes([i]) for i in range(256)}, [], special_tokens)\n"),
+        ), "", ("test_byte_map", "test_pretokenize", "test_split_on_special", "test_merge_word", "test_decode")),
+    "DPO's loss a constant log 2": (
+        "11_assistant", (
+            Edit(ASSISTANT, "    loss = np.logaddexp(0.0, -z).mean()\n", "    loss = np.log(2.0)\n"),
+        ), "dpo", ("test_dpo_gradient_check",)),
+    "plain REINFORCE: no clip, and a KL that is always 0": (
+        "11_assistant", (
+            Edit(ASSISTANT, "    d = logp_ref - logp\n    return np.exp(d) - d - 1.0\n", "    return np.zeros_like(logp)\n"),
+            Edit(ASSISTANT, "    objective = np.minimum(unclipped, clipped) - kl_coef * k3  # (B, L)\n",
+                 "    objective = unclipped\n"),
+            Edit(ASSISTANT, "    dobjective = np.where(clip_active, 0.0, ratio * A) - kl_coef * (1.0 - np.exp(d))\n",
+                 "    dobjective = ratio * A\n"),
+        ), "grpo or kl_k3 or identical_policy or zero_advantage_gives", ()),
+}
+
+
+@pytest.mark.parametrize("name", list(IMPOSTORS))
+def test_an_impostor_earns_only_what_it_really_does(tmp_path, name):
+    lab, edits, select, earns = IMPOSTORS[name]
+    bug = Bug(lab, "impostor", name, edits, ())
+    folders = _lab_folders(lab)
+    with bugged_tree(bug) as tree:
+        out, outcomes = _pytest(tree, ["-m", f"lab{lab[:2]} and not torch", *(["-k", select] if select else []),
+                                       *folders], tmp_path)
+    assert outcomes, out[-2000:]
+    passed = {n: o == "passed" for n, o in outcomes.items() if o != "skipped"}
+    unmet = RUBRIC[lab].unmet(passed)
+    earned = sorted(n for n, ok in passed.items() if ok and n not in unmet
+                    and not n.split("::")[-1].startswith(earns or ("\0",)))
+    assert not earned, (f"{lab}, {name}: these tests pass for it and earn points; make them check a value, or give "
+                        f"each a `requires` entry in grader/rubric.toml naming its task's value tests: "
+                        f"{', '.join(earned)}")

@@ -252,6 +252,18 @@ class LoRALinear(Layer):
     def bias(self):
         return self.base.bias
 
+    def named_parameters(self, prefix: str = ""):
+        """The layer as lab 07 and ``state_dict()`` see it: a plain Linear's names, ``weight``
+        (the effective weight above) and ``bias`` (the base's), both read-only. So an adapted
+        model's ``state_dict()`` has GPT-2's names, ``gpt_backward``'s dict has them too, and a
+        checkpoint of it is the merged model. The trainable arrays are ``lora_parameters``'
+        ``A`` and ``B``; the frozen ones are ``base``'s."""
+        for name, value in (("weight", self.weight), ("bias", self.bias)):
+            if value is not None:
+                view = np.asarray(value).view()
+                view.flags.writeable = False  # not a place to write: train A and B, load into base
+                yield f"{prefix}{name}", view
+
     def forward(self, x: np.ndarray) -> np.ndarray:
         """x (..., d_in) → (..., d_out): ``base(x) + scale · (x @ A) @ B``, through the rank-r
         bottleneck (W + scale·A @ B is never formed); just ``base(x)`` when merged."""
@@ -325,10 +337,11 @@ def add_lora(model: GPTModel, rank: int, alpha: float, targets=LORA_TARGETS, *,
 
     Returns:
         ``{name: adapter}`` with full names (``h.0.attn.c_attn``, …). The model's forward
-        (and lab 06's cached generation) then runs through the adapters; its state dict
-        holds each base as ``<name>.base.weight`` and the adapter as ``<name>.A``,
-        ``<name>.B``. Train with ``lora_grads`` and ``lora_parameters``; ``merge_lora``
-        gives back a plain GPTModel. An unknown target, or a layer that already has an
+        (and lab 06's cached generation) then runs through the adapters. Its
+        ``state_dict()`` keeps GPT-2's names, each adapted layer showing its effective
+        weight and its bias (read-only), so lab 07's ``gpt_backward`` gives
+        ``grads["<name>.weight"]`` = ∂L/∂W_eff. Train with ``lora_grads`` and
+        ``lora_parameters``; ``merge_lora`` gives back a plain GPTModel. An unknown target, or a layer that already has an
         adapter, is a ValueError.
     """
     rng = make_rng(rng)
@@ -373,7 +386,9 @@ def lora_grads(grads: dict[str, np.ndarray], adapters: dict[str, LoRALinear]) ->
     out = {}
     for name, adapter in adapters.items():
         if f"{name}.weight" not in grads:
-            raise ValueError(f"grads has no {name}.weight: give gpt_backward's dict for the adapted model")
+            raise ValueError(f"grads has no {name}.weight: give lab 07's gpt_backward dict for the adapted model, "
+                             "which has exactly model.state_dict()'s names (an adapted layer shows up there as "
+                             "<name>.weight, its effective weight)")
         G = np.asarray(grads[f"{name}.weight"])
         if G.shape != (adapter.d_in, adapter.d_out):
             raise ValueError(f"grads[{name}.weight] must be ({adapter.d_in}, {adapter.d_out}), got {G.shape}")
@@ -445,8 +460,9 @@ def sample_group(model: GPTModel, prompt_ids: np.ndarray, group_size: int, max_n
 
 def completion_mask(sequences: np.ndarray, prompt_len: int, end_id: int) -> np.ndarray:
     """bool (G, S) for ``sample_group``'s (G, S) rows: True on each row's answer tokens, from
-    position ``prompt_len`` up to and including its first ``end_id`` (to the end of the
-    row if it has none); False on the prompt and on the ``end_id`` filling after the first."""
+    position ``prompt_len`` up to and including the answer's first ``end_id``, searched from
+    ``prompt_len`` on (a prompt of several turns holds ENDs of its own), to the end of the
+    row if it has none; False on the prompt and on the ``end_id`` filling after the first."""
     sequences = np.asarray(sequences)
     check_ndim(sequences, "sequences", ndim=2, shape_hint="(G, S)")
     prompt_len = check_length(prompt_len, "prompt_len", minimum=0)
@@ -460,7 +476,8 @@ def reward(tokenizer, prompt_len: int, sequence: np.ndarray, answer: str) -> flo
     """1.0 if the sampled answer is exactly ``answer``, else 0.0.
 
     The completion is ``sequence[prompt_len:]`` (tokens after the prompt) up to its first
-    ``END``; it scores 1.0 when that END is there and the tokens before it decode to
+    ``END``, searched from ``prompt_len`` on (ENDs inside the prompt, closing earlier turns,
+    do not count); it scores 1.0 when that END is there and the tokens before it decode to
     exactly ``answer`` (no spaces trimmed). An answer that never reaches ``END`` is
     unfinished and scores 0.0. Nothing in the prompt counts, even if it contains the
     answer's text.
@@ -610,7 +627,8 @@ def dpo_loss_and_grads(model: GPTModel, chosen_ids: np.ndarray, chosen_mask: np.
 
     Returns:
         loss: ``dpo_loss`` of the policy's ``sequence_logprobs``; grads: ``gpt_backward``'s
-        dict. Each scored token of a chosen answer gets d loss/d logp = dπc of its pair (a
+        dict. As in ``sequence_logprobs``, a mask with position 0 True is a ValueError (the
+        first token has no log-probability). Each scored token of a chosen answer gets d loss/d logp = dπc of its pair (a
         sum's gradient reaches every term), of a rejected one dπr, and lab 07's backward
         runs once on the chosen and rejected rows together.
     """
@@ -619,6 +637,9 @@ def dpo_loss_and_grads(model: GPTModel, chosen_ids: np.ndarray, chosen_mask: np.
     if chosen_ids.shape != rejected_ids.shape:
         raise ValueError(f"chosen and rejected must be padded to the same shape, got {chosen_ids.shape} and "
                          f"{rejected_ids.shape}")
+    if chosen_mask[:, 0].any() or rejected_mask[:, 0].any():
+        raise ValueError("mask[:, 0] must be False in chosen_mask and rejected_mask: the first token has no "
+                         "log-probability (nothing precedes it), as in sequence_logprobs")
     N = chosen_ids.shape[0]
     # YOUR CODE HERE
     raise NotImplementedError("Lab 11 · dpo_loss_and_grads: one forward on chosen and rejected stacked; summed masked logp; dpo_loss; spread each pair's gradient on its tokens; back as in rl_loss_and_grads")

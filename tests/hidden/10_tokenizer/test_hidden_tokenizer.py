@@ -62,6 +62,7 @@ def test_encode_equals_merges_applied_in_rank_order():
     rng = np.random.default_rng(1012)
     text = "".join(rng.choice(list("xyz w"), size=500))
     vocab, merges = T.train_bpe(text, 256 + 30)
+    assert len(merges) == 30, f"train_bpe(vocab_size=286) on 500 letters of 'xyz w' learned {len(merges)} merges, not 30"
     tok = T.Tokenizer(vocab, merges)
     inverse = {b: i for i, b in vocab.items()}
     for word in set(T.pretokenize(text[:200])):

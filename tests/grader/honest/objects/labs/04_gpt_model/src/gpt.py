@@ -36,17 +36,18 @@ class GPTConfig:
 
 
 def _collect(obj, prefix: str, into: OrderedDict) -> OrderedDict:
-    """Every public array of ``obj`` and of its sub-layers, under dotted names."""
+    """Every public array of ``obj``, then each sub-layer's parameters as that layer names
+    them (a layer that overrides ``named_parameters``, like lab 11's adapters, is heard)."""
     for name, value in vars(obj).items():
         if name.startswith("_"):
             continue
         if isinstance(value, np.ndarray):
             into[prefix + name] = value
         elif isinstance(value, Layer):
-            _collect(value, f"{prefix}{name}.", into)
+            into.update(value.named_parameters(f"{prefix}{name}."))
         elif isinstance(value, list):
             for i, item in enumerate(value):
-                _collect(item, f"{prefix}{name}.{i}.", into)
+                into.update(item.named_parameters(f"{prefix}{name}.{i}."))
     return into
 
 

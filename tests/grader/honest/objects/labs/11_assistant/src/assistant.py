@@ -336,6 +336,18 @@ class LoRALinear(Layer):
     def bias(self):
         return self.base.bias
 
+    def named_parameters(self, prefix: str = ""):
+        """The layer as lab 07 and ``state_dict()`` see it: a plain Linear's names, ``weight``
+        (the effective weight above) and ``bias`` (the base's), both read-only. So an adapted
+        model's ``state_dict()`` has GPT-2's names, ``gpt_backward``'s dict has them too, and a
+        checkpoint of it is the merged model. The trainable arrays are ``lora_parameters``'
+        ``A`` and ``B``; the frozen ones are ``base``'s."""
+        for name, value in (("weight", self.weight), ("bias", self.bias)):
+            if value is not None:
+                view = np.asarray(value).view()
+                view.flags.writeable = False  # not a place to write: train A and B, load into base
+                yield f"{prefix}{name}", view
+
     def forward(self, x: np.ndarray) -> np.ndarray:
         """x (..., d_in) → (..., d_out): ``base(x) + scale · (x @ A) @ B``, through the rank-r
         bottleneck (W + scale·A @ B is never formed); just ``base(x)`` when merged."""
@@ -423,10 +435,11 @@ def add_lora(model: GPTModel, rank: int, alpha: float, targets=LORA_TARGETS, *,
 
     Returns:
         ``{name: adapter}`` with full names (``h.0.attn.c_attn``, …). The model's forward
-        (and lab 06's cached generation) then runs through the adapters; its state dict
-        holds each base as ``<name>.base.weight`` and the adapter as ``<name>.A``,
-        ``<name>.B``. Train with ``lora_grads`` and ``lora_parameters``; ``merge_lora``
-        gives back a plain GPTModel. An unknown target, or a layer that already has an
+        (and lab 06's cached generation) then runs through the adapters. Its
+        ``state_dict()`` keeps GPT-2's names, each adapted layer showing its effective
+        weight and its bias (read-only), so lab 07's ``gpt_backward`` gives
+        ``grads["<name>.weight"]`` = ∂L/∂W_eff. Train with ``lora_grads`` and
+        ``lora_parameters``; ``merge_lora`` gives back a plain GPTModel. An unknown target, or a layer that already has an
         adapter, is a ValueError.
     """
     rng = make_rng(rng)
@@ -471,7 +484,9 @@ def lora_grads(grads: dict[str, np.ndarray], adapters: dict[str, LoRALinear]) ->
     out = {}
     for name, adapter in adapters.items():
         if f"{name}.weight" not in grads:
-            raise ValueError(f"grads has no {name}.weight: give gpt_backward's dict for the adapted model")
+            raise ValueError(f"grads has no {name}.weight: give lab 07's gpt_backward dict for the adapted model, "
+                             "which has exactly model.state_dict()'s names (an adapted layer shows up there as "
+                             "<name>.weight, its effective weight)")
         G = np.asarray(grads[f"{name}.weight"])
         if G.shape != (adapter.d_in, adapter.d_out):
             raise ValueError(f"grads[{name}.weight] must be ({adapter.d_in}, {adapter.d_out}), got {G.shape}")
@@ -755,6 +770,9 @@ def dpo_loss_and_grads(model: GPTModel, chosen_ids: np.ndarray, chosen_mask: np.
     if chosen_ids.shape != rejected_ids.shape:
         raise ValueError(f"chosen and rejected must be padded to the same shape, got {chosen_ids.shape} and "
                          f"{rejected_ids.shape}")
+    if chosen_mask[:, 0].any() or rejected_mask[:, 0].any():
+        raise ValueError("mask[:, 0] must be False in chosen_mask and rejected_mask: the first token has no "
+                         "log-probability (nothing precedes it), as in sequence_logprobs")
     N = chosen_ids.shape[0]
     scores = NextTokens(model, np.concatenate([chosen_ids, rejected_ids], axis=0))
     scored = np.concatenate([chosen_mask, rejected_mask], axis=0)[:, 1:].astype(np.float32)
