@@ -42,6 +42,7 @@ import stat
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -159,6 +160,29 @@ TMPFS_INODES = 4096  # files and folders one lab process's /tmp may hold
 
 
 HANDOFF_PHASES = ("public", "hidden")
+# As root without bubblewrap, where the scratch folder lies under /tmp: the hand-off tree
+# goes here instead (see ``_handoff_root``).
+HANDOFF_DIR = os.environ.get("GRADER_HANDOFF_DIR", "/var/tmp/gptkit-handoff")
+
+
+def _handoff_root(scratch: Path, mode: str) -> Path:
+    """Where the hand-off folders of a run live on the host (and, but for bubblewrap, where
+    the test process and the lab processes see them). A lab process may write anywhere in
+    its own /tmp, and the Landlock fence lets it do so under every folder mounted there:
+    as root without bubblewrap, a scratch folder under the host's /tmp would put the whole
+    hand-off tree (every lab's and phase's folder) under it, bound into the zygote's /tmp.
+    So the tree moves out of /tmp, to a fresh folder of ``HANDOFF_DIR``: then each lab
+    process reaches its own folder alone (the fence), and no other one."""
+    if mode == "bwrap" or os.geteuid() != 0 or not str(scratch).startswith("/tmp/"):
+        return scratch / "handoff"
+    os.makedirs(HANDOFF_DIR, mode=0o711, exist_ok=True)
+    st = os.lstat(HANDOFF_DIR)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
+        raise SandboxRefused(f"refusing to grade: {HANDOFF_DIR} is not a folder of root's")
+    os.chmod(HANDOFF_DIR, 0o711)
+    root = Path(tempfile.mkdtemp(prefix="run-", dir=HANDOFF_DIR))
+    root.chmod(0o755)
+    return root
 
 
 def _parents(path: str, below: Path) -> list[str]:
@@ -507,6 +531,8 @@ class _LabProcesses:
         if self.private_tmp and mode != "bwrap":
             self.inside = Path(LAB_ROOT)  # the lab process's view of the scratch folder: see _lab_binds
         self.homes = 0
+        # the hand-off tree, as the host and as the test process see it (``_handoff_root``)
+        self.handoff_host, self.handoff_seen = scratch / "handoff", str(self.outside / "handoff")
         self.observed: dict[str, dict] = {}  # lab → what the grader saw (RawRun.observed)
 
     def serve(self, sock: socket.socket) -> None:
@@ -614,14 +640,14 @@ class _LabProcesses:
         cmd = [self.rt.executable, "-I", "-S", "-B", str(inside / "kit" / "_grader_labserver.py"), "--zygote",
                str(theirs.fileno()), str(base)]
         if self.mode == "bwrap":
-            mounts = [*self._common_mounts(), "--bind", str(scratch / "handoff"), str(self.outside / "handoff")]
+            mounts = [*self._common_mounts(), "--bind", str(self.handoff_host), self.handoff_seen]
             for lab in self.labs:
                 mounts += ["--ro-bind", str(scratch / "impl" / lab), str(inside / "impl" / lab)]
             cmd = _bwrap(self.rt.roots, mounts, "/tmp", self.uids[first] if self.drop else None) + cmd
         with _open_log(scratch, ".zygote.txt") as log:
             try:
                 proc = self._popen(cmd, first, log, (theirs.fileno(), base), labs=list(self.labs),
-                                   rw=((str(scratch / "handoff"), str(self.outside / "handoff")),))
+                                   rw=((str(self.handoff_host), self.handoff_seen),))
             finally:
                 theirs.close()
                 os.close(base)
@@ -654,7 +680,7 @@ class _LabProcesses:
         it. No other lab process sees it, and the hidden phase has its own."""
         if phase not in HANDOFF_PHASES:
             raise ValueError(f"no phase {phase!r}")
-        return self.scratch / "handoff" / lab / phase, str(self.outside / "handoff" / lab / phase)
+        return self.handoff_host / lab / phase, f"{self.handoff_seen}/{lab}/{phase}"
 
     def _config(self, lab: str, home: str, phase: str = "public") -> dict:
         """What a lab process may import, read and write: its lab's tree, ``gptkit`` (on
@@ -864,14 +890,16 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
     roots = list(rt.roots)
     for sub in ("logs", "slogs", "lcfg", "lib"):
         (scratch / sub).mkdir(exist_ok=True)
+    handoff = _handoff_root(scratch, mode)
+    handoff_seen = str(inside / "handoff") if handoff == scratch / "handoff" else str(handoff)
     for j in jobs:  # pytest's tmp_path for each lab and phase, shared with that lab's process alone
         for phase in HANDOFF_PHASES:
-            d = scratch / "handoff" / j["lab"] / phase
+            d = handoff / j["lab"] / phase
             d.mkdir(parents=True, exist_ok=True)
             if os.geteuid() == 0:
                 os.chown(d, TEST_UID + slot, TEST_UID + slot)  # pytest makes its folders there as the owner
             d.chmod(0o777)
-    for d in (scratch / "handoff", *(p for p in (scratch / "handoff").iterdir())):
+    for d in (handoff, *(p for p in handoff.iterdir())):
         d.chmod(0o755)
     if mode != "bwrap":  # the lab process's import path holds gptkit and nothing else of the kit
         (scratch / "lib" / "gptkit").symlink_to(Path("..") / "kit" / "gptkit")
@@ -900,7 +928,7 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
            # Only the plugins the kit names: autoloading every installed one (anyio's comes
            # with the torch extra) cost more than a lab's tests.
            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-           "HYPOTHESIS_STORAGE_DIRECTORY": str(inside / HYPOTHESIS_DIR), "GRADER_HANDOFF": str(inside / "handoff"),
+           "HYPOTHESIS_STORAGE_DIRECTORY": str(inside / HYPOTHESIS_DIR), "GRADER_HANDOFF": handoff_seen,
            **rt.env}
     lab_env = {**{k: env[k] for k in ("PATH", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
                                       "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "LANG")},
@@ -928,6 +956,7 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
             for j in jobs}
     children = _LabProcesses(scratch, inside, limits, mode, slot, lab_env, labs, cpus,
                              zygote=USE_ZYGOTE and kernel_walls(), kit=kit, rt=rt)
+    children.handoff_host, children.handoff_seen = handoff, handoff_seen
     if children.drop:
         for lab, uid in children.uids.items():
             _chown_tree(scratch / "impl" / lab, uid)
@@ -983,6 +1012,8 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
     watcher.join(timeout=5)
     children.stop_all()
     results.close()
+    if handoff != scratch / "handoff":
+        shutil.rmtree(handoff, ignore_errors=True)
     raw = RawRun(output=b"".join(out_chunks).decode("utf-8", "replace"), killed=killed,
                  returncode=proc.returncode, seconds=time.monotonic() - start, isolation=mode,
                  observed=children.observed)
