@@ -488,9 +488,11 @@ class Grader:
                 lr.flags.append(f"memory limit: a lab process reached {seen['memory']} MB of the "
                                 f"{self.limits.memory_mb} MB allowed")
             timed = [nodeid for nodeid, e in results.items() if e.outcome != "passed" and not why_none
-                     and (e.cpu >= self.limits.test_seconds - 0.05 or e.duration >= self.limits.test_wall_seconds)]
+                     and (e.cpu >= (e.limit or self.limits.test_seconds) - 0.05
+                          or e.duration >= self.limits.test_wall_seconds)]
             if timed:
-                lr.flags.append(f"time limit: {len(timed)} test(s) ran past {self.limits.test_seconds:g} s of CPU time")
+                lr.flags.append(f"time limit: {len(timed)} test(s) ran past their CPU-time limit "
+                                f"({self.limits.test_seconds:g} s a test)")
             if stopped and not why_none and "CPU time" in stopped.what:
                 lr.flags.append(f"time limit: the lab's tests were stopped once {stopped.what}")
             if seen.get("died"):
