@@ -92,7 +92,7 @@ class RawRun:
     returncode: int | None = None
     seconds: float = 0.0
     isolation: str = ""
-    lab_output: dict = field(default_factory=dict)  # lab → the first max_output_kb of what it printed
+    lab_output: dict = field(default_factory=dict)  # lab → the first max_output_kb of what it printed (public tests)
     lab_output_bytes: dict = field(default_factory=dict)
     dropped: int = 0  # lines on the results pipe that were not well-formed events
     # lab → what the grader itself saw of its lab processes (never text the lab wrote):
@@ -410,6 +410,13 @@ def _open_log(scratch: Path, name: str, reading: bool = False):
     return os.fdopen(fd, "rb" if reading else "ab")
 
 
+def _log_name(lab: str, phase: str) -> str:
+    """The file in ``slogs/`` that a lab process's printed output goes to. The hidden phase
+    has its own, which the grader never reads back: nothing a student sees (the printed-size
+    note among them) depends on what the lab printed while the hidden tests ran."""
+    return f"{lab}.txt" if phase == "public" else f"{lab}.{phase}.txt"
+
+
 def _tree_cpu(pid: int) -> float:
     """CPU seconds of a live process and its descendants (its reaped children included)."""
     total, todo, seen = 0.0, [pid], set()
@@ -713,7 +720,7 @@ class _LabProcesses:
         if self.zygote is not None:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                with _open_log(self.scratch, f"{lab}.txt") as log:
+                with _open_log(self.scratch, _log_name(lab, phase)) as log:
                     pid = self._ask_zygote({"op": "spawn", "config": self._config(lab, home, phase)},
                                            (theirs.fileno(), log.fileno()))["pid"]
             except BaseException:
@@ -735,7 +742,7 @@ class _LabProcesses:
             mounts = [*self._common_mounts(), "--ro-bind", str(scratch / "impl" / lab), str(inside / "impl" / lab),
                       *_parents(seen_handoff, inside), "--bind", str(host_handoff), seen_handoff]
             cmd = _bwrap(self.rt.roots, mounts, "/tmp", self.uids[lab] if self.drop else None) + cmd
-        log = _open_log(scratch, f"{lab}.txt")
+        log = _open_log(scratch, _log_name(lab, phase))
         try:
             proc = self._popen(cmd, lab, log, (theirs.fileno(), cfg), home, labs=[lab],
                                rw=((str(host_handoff), seen_handoff),))
@@ -1026,12 +1033,13 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
             size = os.fstat(fh.fileno()).st_size
             raw.lab_output[j["lab"]] = fh.read(limits.max_output_kb * 1024).decode("utf-8", "replace")
         raw.lab_output_bytes[j["lab"]] = size
+    pairs = _neutral_paths(rt, scratch, str(inside), handoff_seen)
     for line in b"".join(res_chunks).decode("utf-8", "replace").splitlines():
         event = protocol.decode(line, token)  # anything else was not written by the test process
         if event is None:
             raw.dropped += 1
         else:
-            raw.events.append(_same_paths(event, str(inside)))
+            raw.events.append(_same_paths(event, pairs))
     return raw
 
 
@@ -1045,14 +1053,40 @@ def _undumpable() -> None:
         pass
 
 
-def _same_paths(event: protocol.Event, inside: str) -> protocol.Event:
-    """Messages name the scratch folder as ``/sandbox`` whatever the isolation: the same
-    submission gets the same result, and no path of the grading machine reaches feedback."""
-    if inside == SANDBOX_ROOT:
-        return event
-    return dataclasses.replace(event, **{f.name: getattr(event, f.name).replace(inside, SANDBOX_ROOT)
-                                         .replace(LAB_ROOT, SANDBOX_ROOT)
-                                         for f in dataclasses.fields(event) if isinstance(getattr(event, f.name), str)})
+def _neutral_paths(rt: runtime.Runtime, scratch: Path, inside: str, handoff: str) -> list[tuple[str, str]]:
+    """(host path, placeholder) pairs, longest first: what every message a student sees
+    says instead of a path of the grading machine. The scratch folder and the hand-off tree
+    are named as bubblewrap shows them (``/sandbox``, ``/sandbox/handoff``): the same
+    submission gets the same message whatever the isolation; the Python the sandboxed
+    processes run (its executable, its installation and packages, the public runtime's
+    folder) becomes ``<python>``, ``<site-packages>``, ``<python-runtime>``."""
+    pairs = {handoff: f"{SANDBOX_ROOT}/handoff", inside: SANDBOX_ROOT, str(scratch): SANDBOX_ROOT,
+             LAB_ROOT: SANDBOX_ROOT, runtime.RUNTIMES: "<python-runtime>"}
+    python = {*rt.roots, os.path.dirname(rt.executable), sys.prefix, sys.base_prefix, sys.exec_prefix}
+    python |= {os.path.realpath(p) for p in python if p}
+    for path in python:
+        parts = Path(path).parts if path else ()
+        # not a system folder every machine has (/usr, /usr/lib): those say nothing of this one
+        if len(parts) >= 4 or (len(parts) == 3 and parts[1] != "usr"):
+            pairs.setdefault(path, "<python>")
+    for path in {*rt.site, *(os.path.realpath(p) for p in rt.site)}:
+        pairs[path] = "<site-packages>"
+    for exe in {rt.executable, os.path.realpath(rt.executable), sys.executable}:
+        pairs[exe] = "<python>/bin/python"
+    return sorted(((host, neutral) for host, neutral in pairs.items() if host and host != neutral),
+                  key=lambda pair: -len(pair[0]))
+
+
+def _same_paths(event: protocol.Event, pairs: list[tuple[str, str]]) -> protocol.Event:
+    """The event with every host path of ``pairs`` (``_neutral_paths``) replaced in its text."""
+
+    def same(text: str) -> str:
+        for host, neutral in pairs:
+            text = text.replace(host, neutral)
+        return text
+
+    return dataclasses.replace(event, **{f.name: same(getattr(event, f.name)) for f in dataclasses.fields(event)
+                                         if isinstance(getattr(event, f.name), str)})
 
 
 def boot_files() -> dict[str, Path]:
