@@ -31,6 +31,9 @@ class TestTimeLimit(BaseException):
     Exception`` in lab code does not swallow it)."""
 
 
+COMPILE_RECURSION = 30_000  # the recursion limit while lab modules are imported (see Server._do)
+
+
 def _on_prof(signum, frame):
     raise TestTimeLimit("this test used more than its CPU-time budget (an infinite loop, or far too slow)")
 
@@ -464,7 +467,15 @@ class Server:
         import importlib
 
         if op == "import":
-            return importlib.import_module(req["module"])
+            # Generated code (an expression of thousands of terms) compiles only with more
+            # room than the default recursion limit gives the compiler: as much as it needs
+            # while the lab's modules compile, the default again for the code they run.
+            limit = sys.getrecursionlimit()
+            sys.setrecursionlimit(max(limit, COMPILE_RECURSION))
+            try:
+                return importlib.import_module(req["module"])
+            finally:
+                sys.setrecursionlimit(limit)
         target = req.get("target")
         if op == "getattr":
             return getattr(target, req["name"])
