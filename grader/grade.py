@@ -490,7 +490,7 @@ class Grader:
                 lr.flags.append(f"memory limit: a lab process reached {seen['memory']} MB of the "
                                 f"{self.limits.memory_mb} MB allowed")
             timed = [nodeid for nodeid, e in results.items() if e.outcome != "passed" and not why_none
-                     and (e.cpu >= (e.limit or self.limits.test_seconds) - 0.05
+                     and (e.cpu >= (e.limit or self.limits.test_seconds) * 0.9
                           or e.duration >= self.limits.test_wall_seconds)]
             if timed:
                 lr.flags.append(f"time limit: {len(timed)} test(s) ran past their CPU-time limit "
