@@ -31,6 +31,9 @@ class TestTimeLimit(BaseException):
     Exception`` in lab code does not swallow it)."""
 
 
+COMPILE_RECURSION = 30_000  # the recursion limit while lab modules are imported (see Server._do)
+
+
 def _on_prof(signum, frame):
     raise TestTimeLimit("this test used more than its CPU-time budget (an infinite loop, or far too slow)")
 
@@ -46,24 +49,44 @@ def _on_prof(signum, frame):
 # socketpair, mknod/mknodat, new namespaces (unshare, setns), another process's files,
 # memory or limits (pidfd_getfd, process_madvise, process_mrelease, kcmp, prlimit64 on
 # another pid), bpf and userfaultfd.
+# Nor may it make a kernel object that could outlive it or that another process could
+# find: a key in a keyring (add_key, request_key, keyctl: a uid's keyrings outlive its
+# processes), a SysV shared memory segment, message queue or semaphore set, a POSIX
+# message queue; nor an anonymous memory file (memfd_create, memfd_secret), an inotify or
+# fanotify watch on the files another process writes, or a core of its choosing
+# (sched_setaffinity: the grader shares the cores out between submissions).
 # Threads stay allowed (clone with CLONE_THREAD; clone3 answers ENOSYS so the C library
 # falls back to clone). Unlike the audit hook below, lab code cannot get around it:
 # ``_posixsubprocess.fork_exec``, for one, raises no audit event, but it needs clone().
 _SHARED = {425: "io_uring_setup", 426: "io_uring_enter", 427: "io_uring_register", 424: "pidfd_send_signal",
            434: "pidfd_open", 438: "pidfd_getfd", 440: "process_madvise", 448: "process_mrelease"}
+_OBJECTS = {  # machine: kernel objects that outlive a process or reach another (see above)
+    "x86_64": {248: "add_key", 249: "request_key", 250: "keyctl", 29: "shmget", 30: "shmat", 31: "shmctl",
+               67: "shmdt", 64: "semget", 65: "semop", 66: "semctl", 220: "semtimedop", 68: "msgget",
+               69: "msgsnd", 70: "msgrcv", 71: "msgctl", 240: "mq_open", 241: "mq_unlink", 242: "mq_timedsend",
+               243: "mq_timedreceive", 244: "mq_notify", 245: "mq_getsetattr", 319: "memfd_create",
+               447: "memfd_secret", 253: "inotify_init", 254: "inotify_add_watch", 294: "inotify_init1",
+               300: "fanotify_init", 301: "fanotify_mark", 203: "sched_setaffinity"},
+    "aarch64": {217: "add_key", 218: "request_key", 219: "keyctl", 194: "shmget", 195: "shmctl", 196: "shmat",
+                197: "shmdt", 190: "semget", 191: "semctl", 192: "semtimedop", 193: "semop", 186: "msgget",
+                187: "msgctl", 188: "msgrcv", 189: "msgsnd", 180: "mq_open", 181: "mq_unlink", 182: "mq_timedsend",
+                183: "mq_timedreceive", 184: "mq_notify", 185: "mq_getsetattr", 279: "memfd_create",
+                447: "memfd_secret", 26: "inotify_init1", 27: "inotify_add_watch", 262: "fanotify_init",
+                263: "fanotify_mark", 122: "sched_setaffinity"},
+}
 _FCNTL_SIGNALS = {8, 10, 15, 1024, 1026}  # F_SETOWN, F_SETSIG, F_SETOWN_EX, F_SETLEASE, F_NOTIFY
 _IOCTL_SIGNALS = {0x8901, 0x8902, 0x5410, 0x5412}  # FIOSETOWN, SIOCSPGRP, TIOCSPGRP, TIOCSTI
 _NO_PROCESSES = {
     # machine: (AUDIT_ARCH, clone, clone3, syscalls refused with EPERM,
     #           {syscall: (argument, values refused, name)}: refused when the low 32 bits of that argument match)
-    "x86_64": (0xC000003E, 56, 435, {**_SHARED, 57: "fork", 58: "vfork", 59: "execve", 322: "execveat",
+    "x86_64": (0xC000003E, 56, 435, {**_SHARED, **_OBJECTS["x86_64"], 57: "fork", 58: "vfork", 59: "execve", 322: "execveat",
                                      101: "ptrace", 310: "process_vm_readv", 311: "process_vm_writev",
                                      41: "socket", 53: "socketpair", 62: "kill", 200: "tkill", 234: "tgkill",
                                      129: "rt_sigqueueinfo", 297: "rt_tgsigqueueinfo", 133: "mknod",
                                      259: "mknodat", 312: "kcmp", 298: "perf_event_open", 321: "bpf",
                                      323: "userfaultfd", 272: "unshare", 308: "setns"},
                {72: (1, _FCNTL_SIGNALS, "fcntl"), 16: (1, _IOCTL_SIGNALS, "ioctl"), 302: (0, None, "prlimit64")}),
-    "aarch64": (0xC00000B7, 220, 435, {**_SHARED, 221: "execve", 281: "execveat", 117: "ptrace",
+    "aarch64": (0xC00000B7, 220, 435, {**_SHARED, **_OBJECTS["aarch64"], 221: "execve", 281: "execveat", 117: "ptrace",
                                        270: "process_vm_readv", 271: "process_vm_writev", 198: "socket",
                                        199: "socketpair", 129: "kill", 130: "tkill", 131: "tgkill",
                                        138: "rt_sigqueueinfo", 240: "rt_tgsigqueueinfo", 33: "mknodat",
@@ -444,7 +467,15 @@ class Server:
         import importlib
 
         if op == "import":
-            return importlib.import_module(req["module"])
+            # Generated code (an expression of thousands of terms) compiles only with more
+            # room than the default recursion limit gives the compiler: as much as it needs
+            # while the lab's modules compile, the default again for the code they run.
+            limit = sys.getrecursionlimit()
+            sys.setrecursionlimit(max(limit, COMPILE_RECURSION))
+            try:
+                return importlib.import_module(req["module"])
+            finally:
+                sys.setrecursionlimit(limit)
         target = req.get("target")
         if op == "getattr":
             return getattr(target, req["name"])

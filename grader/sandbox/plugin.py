@@ -12,6 +12,14 @@ message. What the plugin reports about time comes from its own measures (the ker
 CPU count of the lab process and of this one, its own clock), never from a message's text.
 The limits that decide are CPU time, so a verdict is the same on an idle machine and a busy
 one; the wall-clock limits are backstops for code that waits.
+
+Each test has a CPU-time limit of its own inside its lab's budget: ``budget`` seconds
+until a test of the lab runs past its limit; from then on, each test may use at most its
+equal share of what is left of the lab's budget (what is left over the tests not yet run),
+so that what is left never runs out before the lab's last test. A function that loops
+costs each test that calls it its limit, and no more: the tests that never call it still
+run, the hidden ones included. Honest code, which never reaches a limit, meets the same
+limits as before.
 """
 
 import os
@@ -27,10 +35,14 @@ from gptkit.testing.layout import lab_of
 
 _state = {"emit": None, "budget": 10.0, "wall": 60.0, "labs": [], "note": None, "enter": None,
           "lab_budget": 120.0, "lab": None, "timeouts": 0, "lab_cpu": 0.0, "failed": False, "stopped": set(),
-          "done": set(), "hidden": False, "alarm": False}
+          "done": set(), "hidden": False, "alarm": False, "counts": {}, "left": 0, "squeezed": False}
 HIDDEN = "tests/hidden/"
-CPU_SLACK = 0.05  # the kernel counts CPU time in ticks: a test stopped at its budget shows a hair less
-MAX_TIMEOUTS = 3  # after this many tests hit the limit, the rest of the lab is not run
+# A failed test that used this much of its limit ran into it: the lab process stops its
+# code at the limit by its own clock, and the kernel's count that this process reads can
+# show less (ticks, and the moment it is read); the message must not depend on which.
+CPU_NEAR = 0.9
+TIME_LIMIT_RAISED = f"{remote.TestTimeLimit.__module__}.TestTimeLimit: "  # how pytest shows the lab's stop
+MIN_TEST_SECONDS = 0.05  # no test's limit is below this
 
 
 def configure(emit, budget, wall, labs, note, enter, lab_budget=120.0):
@@ -83,7 +95,8 @@ def _switch(lab):
     if lab == _state["lab"]:
         return
     _finish()
-    _state.update(lab=lab, timeouts=0, lab_cpu=0.0, failed=False, hidden=False)
+    _state.update(lab=lab, timeouts=0, lab_cpu=0.0, failed=False, hidden=False,
+                  left=max(1, _state["counts"].get(lab, 1)), squeezed=False)
     _handoff(_state.get("config"), lab, "public")
     _state["note"]("start", lab)
     _state["emit"](protocol.LabStart(lab))
@@ -121,6 +134,27 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=lambda item: (order.get(lab_of(item.nodeid), len(order)), item.nodeid.startswith(HIDDEN)))
 
 
+def pytest_collection_finish(session):
+    """How many tests each lab runs (after deselection): see ``_test_limit``."""
+    counts = {}
+    for item in session.items:
+        lab = lab_of(item.nodeid)
+        counts[lab] = counts.get(lab, 0) + 1
+    _state["counts"] = counts
+
+
+def _test_limit() -> float:
+    """The current test's limit, in CPU seconds of lab code: the per-test budget; once a
+    test of the lab has run past its limit, at most an equal share of what is left of the
+    lab's budget among the tests not yet run (this one included). A tenth of the lab's
+    budget is kept back for what the shares do not count: this process's own CPU time, and
+    how far past its limit a test gets before it is stopped."""
+    if not _state["squeezed"]:
+        return _state["budget"]
+    left = _state["lab_budget"] * CPU_NEAR - _state["lab_cpu"]
+    return max(MIN_TEST_SECONDS, min(_state["budget"], left / max(1, _state["left"])))
+
+
 def _enter_hidden(lab):
     """The lab's first hidden test: its lab process so far (and its scratch folder) ends;
     the hidden tests get a fresh one, which no public test reaches afterwards."""
@@ -148,6 +182,8 @@ def pytest_runtest_protocol(item, nextitem):
         _enter_hidden(lab)
     emit = _state["emit"]
     r = remote.active()
+    budget = _test_limit()
+    r.budget = budget
     emit(protocol.TestStart(lab, item.nodeid))
     _reports[item.nodeid] = {"outcome": "passed", "message": ""}
     r.begin_test()
@@ -166,24 +202,34 @@ def pytest_runtest_protocol(item, nextitem):
     _state["lab_cpu"] += cpu + (_own_cpu() - own)
     # Past the limit by this process's own measures (whatever the lab code's messages say):
     # the lab process's CPU time as the kernel counts it, or no answer for the backstop.
-    over_cpu = cpu > _state["budget"] or (rec["outcome"] != "passed" and cpu >= _state["budget"] - CPU_SLACK)
-    timed_out = over_cpu or r.late or _state["alarm"]
+    _state["left"] -= 1
+    over_cpu = cpu > budget or (rec["outcome"] != "passed" and cpu >= budget * CPU_NEAR)
+    # The lab process stopped its code at the limit by its own clock (which the kernel's
+    # count read here may show a little below it): the same verdict and message either way.
+    # (Lab code that raises this itself only fails its own test with a time-limit message;
+    # the flags count the kernel's measure alone.)
+    stopped_itself = rec["outcome"] != "passed" and rec["message"].startswith(TIME_LIMIT_RAISED)
+    timed_out = over_cpu or stopped_itself or r.late or _state["alarm"]
+    over_cpu = over_cpu or stopped_itself
     if timed_out:
         # The message names the limit, not the measure: how far past it a process got before
         # it was stopped depends on the load, and the verdict must not.
-        what = (f"used more than the {_state['budget']:g} s of CPU time allowed in the lab code"
-                if over_cpu else f"waited longer than the {_state['wall']:g} s backstop for the lab code")
+        # (A limit cut below the per-test budget is not given in seconds: it follows from
+        # the tests before, and the text must be the same whatever the load.)
+        what = (f"waited longer than the {_state['wall']:g} s backstop for the lab code" if not over_cpu else
+                f"used more than the {budget:g} s of CPU time allowed in the lab code" if budget >= _state["budget"]
+                else f"used more than its share of what was left of the lab's {_state['lab_budget']:g} s of "
+                     "CPU time (a test before it ran past its limit)")
         rec = {"outcome": "failed", "message": f"TestTimeLimit: this test {what}"}
-    emit(protocol.TestResult(lab, item.nodeid, rec["outcome"], rec["message"], round(seconds, 4), round(cpu, 4)))
+    emit(protocol.TestResult(lab, item.nodeid, rec["outcome"], rec["message"], round(seconds, 4), round(cpu, 4),
+                             round(budget, 4)))
     _state["failed"] = _state["failed"] or rec["outcome"] != "passed"
     if timed_out:
         _state["timeouts"] += 1
+        _state["squeezed"] = True
     if lab in _state["stopped"]:
         return
-    if timed_out and _state["timeouts"] >= MAX_TIMEOUTS:
-        emit(protocol.LabStopped(lab, f"{MAX_TIMEOUTS} tests ran past the time limit"))
-        _state["stopped"].add(lab)
-    elif _state["lab_cpu"] > _state["lab_budget"]:
+    if _state["lab_cpu"] > _state["lab_budget"] and _state["left"] > 0:
         emit(protocol.LabStopped(lab, f"they had used more than the lab's {_state['lab_budget']:g} s of CPU time"))
         _state["stopped"].add(lab)
 

@@ -30,7 +30,8 @@ class TestStart:
 
 @dataclass(frozen=True)
 class TestResult:
-    """A test's verdict. ``cpu``: seconds of CPU the lab code used in it (the kernel's count)."""
+    """A test's verdict. ``cpu``: seconds of CPU the lab code used in it (the kernel's count);
+    ``limit``: the CPU seconds it was allowed (0: the per-test budget)."""
 
     __test__ = False
     lab: str
@@ -39,6 +40,7 @@ class TestResult:
     message: str
     duration: float
     cpu: float
+    limit: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ import stat
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -91,7 +92,7 @@ class RawRun:
     returncode: int | None = None
     seconds: float = 0.0
     isolation: str = ""
-    lab_output: dict = field(default_factory=dict)  # lab → the first max_output_kb of what it printed
+    lab_output: dict = field(default_factory=dict)  # lab → the first max_output_kb of what it printed (public tests)
     lab_output_bytes: dict = field(default_factory=dict)
     dropped: int = 0  # lines on the results pipe that were not well-formed events
     # lab → what the grader itself saw of its lab processes (never text the lab wrote):
@@ -159,6 +160,29 @@ TMPFS_INODES = 4096  # files and folders one lab process's /tmp may hold
 
 
 HANDOFF_PHASES = ("public", "hidden")
+# As root without bubblewrap, where the scratch folder lies under /tmp: the hand-off tree
+# goes here instead (see ``_handoff_root``).
+HANDOFF_DIR = os.environ.get("GRADER_HANDOFF_DIR", "/var/tmp/gptkit-handoff")
+
+
+def _handoff_root(scratch: Path, mode: str) -> Path:
+    """Where the hand-off folders of a run live on the host (and, but for bubblewrap, where
+    the test process and the lab processes see them). A lab process may write anywhere in
+    its own /tmp, and the Landlock fence lets it do so under every folder mounted there:
+    as root without bubblewrap, a scratch folder under the host's /tmp would put the whole
+    hand-off tree (every lab's and phase's folder) under it, bound into the zygote's /tmp.
+    So the tree moves out of /tmp, to a fresh folder of ``HANDOFF_DIR``: then each lab
+    process reaches its own folder alone (the fence), and no other one."""
+    if mode == "bwrap" or os.geteuid() != 0 or not str(scratch).startswith("/tmp/"):
+        return scratch / "handoff"
+    os.makedirs(HANDOFF_DIR, mode=0o711, exist_ok=True)
+    st = os.lstat(HANDOFF_DIR)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
+        raise SandboxRefused(f"refusing to grade: {HANDOFF_DIR} is not a folder of root's")
+    os.chmod(HANDOFF_DIR, 0o711)
+    root = Path(tempfile.mkdtemp(prefix="run-", dir=HANDOFF_DIR))
+    root.chmod(0o755)
+    return root
 
 
 def _parents(path: str, below: Path) -> list[str]:
@@ -386,6 +410,13 @@ def _open_log(scratch: Path, name: str, reading: bool = False):
     return os.fdopen(fd, "rb" if reading else "ab")
 
 
+def _log_name(lab: str, phase: str) -> str:
+    """The file in ``slogs/`` that a lab process's printed output goes to. The hidden phase
+    has its own, which the grader never reads back: nothing a student sees (the printed-size
+    note among them) depends on what the lab printed while the hidden tests ran."""
+    return f"{lab}.txt" if phase == "public" else f"{lab}.{phase}.txt"
+
+
 def _tree_cpu(pid: int) -> float:
     """CPU seconds of a live process and its descendants (its reaped children included)."""
     total, todo, seen = 0.0, [pid], set()
@@ -507,6 +538,8 @@ class _LabProcesses:
         if self.private_tmp and mode != "bwrap":
             self.inside = Path(LAB_ROOT)  # the lab process's view of the scratch folder: see _lab_binds
         self.homes = 0
+        # the hand-off tree, as the host and as the test process see it (``_handoff_root``)
+        self.handoff_host, self.handoff_seen = scratch / "handoff", str(self.outside / "handoff")
         self.observed: dict[str, dict] = {}  # lab → what the grader saw (RawRun.observed)
 
     def serve(self, sock: socket.socket) -> None:
@@ -616,14 +649,14 @@ class _LabProcesses:
         cmd = [self.rt.executable, "-I", "-S", "-B", str(inside / "kit" / "_grader_labserver.py"), "--zygote",
                str(theirs.fileno()), str(base)]
         if self.mode == "bwrap":
-            mounts = [*self._common_mounts(), "--bind", str(scratch / "handoff"), str(self.outside / "handoff")]
+            mounts = [*self._common_mounts(), "--bind", str(self.handoff_host), self.handoff_seen]
             for lab in self.labs:
                 mounts += ["--ro-bind", str(scratch / "impl" / lab), str(inside / "impl" / lab)]
             cmd = _bwrap(self.rt.roots, mounts, "/tmp", self.uids[first] if self.drop else None) + cmd
         with _open_log(scratch, ".zygote.txt") as log:
             try:
                 proc = self._popen(cmd, first, log, (theirs.fileno(), base), labs=list(self.labs),
-                                   rw=((str(scratch / "handoff"), str(self.outside / "handoff")),))
+                                   rw=((str(self.handoff_host), self.handoff_seen),))
             finally:
                 theirs.close()
                 os.close(base)
@@ -656,7 +689,7 @@ class _LabProcesses:
         it. No other lab process sees it, and the hidden phase has its own."""
         if phase not in HANDOFF_PHASES:
             raise ValueError(f"no phase {phase!r}")
-        return self.scratch / "handoff" / lab / phase, str(self.outside / "handoff" / lab / phase)
+        return self.handoff_host / lab / phase, f"{self.handoff_seen}/{lab}/{phase}"
 
     def _config(self, lab: str, home: str, phase: str = "public") -> dict:
         """What a lab process may import, read and write: its lab's tree, ``gptkit`` (on
@@ -689,7 +722,7 @@ class _LabProcesses:
         if self.zygote is not None:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                with _open_log(self.scratch, f"{lab}.txt") as log:
+                with _open_log(self.scratch, _log_name(lab, phase)) as log:
                     pid = self._ask_zygote({"op": "spawn", "config": self._config(lab, home, phase)},
                                            (theirs.fileno(), log.fileno()))["pid"]
             except BaseException:
@@ -711,7 +744,7 @@ class _LabProcesses:
             mounts = [*self._common_mounts(), "--ro-bind", str(scratch / "impl" / lab), str(inside / "impl" / lab),
                       *_parents(seen_handoff, inside), "--bind", str(host_handoff), seen_handoff]
             cmd = _bwrap(self.rt.roots, mounts, "/tmp", self.uids[lab] if self.drop else None) + cmd
-        log = _open_log(scratch, f"{lab}.txt")
+        log = _open_log(scratch, _log_name(lab, phase))
         try:
             proc = self._popen(cmd, lab, log, (theirs.fileno(), cfg), home, labs=[lab],
                                rw=((str(host_handoff), seen_handoff),))
@@ -876,14 +909,16 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
     roots = list(rt.roots)
     for sub in ("logs", "slogs", "lcfg", "lib"):
         (scratch / sub).mkdir(exist_ok=True)
+    handoff = _handoff_root(scratch, mode)
+    handoff_seen = str(inside / "handoff") if handoff == scratch / "handoff" else str(handoff)
     for j in jobs:  # pytest's tmp_path for each lab and phase, shared with that lab's process alone
         for phase in HANDOFF_PHASES:
-            d = scratch / "handoff" / j["lab"] / phase
+            d = handoff / j["lab"] / phase
             d.mkdir(parents=True, exist_ok=True)
             if os.geteuid() == 0:
                 os.chown(d, TEST_UID + slot, TEST_UID + slot)  # pytest makes its folders there as the owner
             d.chmod(0o777)
-    for d in (scratch / "handoff", *(p for p in (scratch / "handoff").iterdir())):
+    for d in (handoff, *(p for p in handoff.iterdir())):
         d.chmod(0o755)
     if mode != "bwrap":  # the lab process's import path holds gptkit and nothing else of the kit
         (scratch / "lib" / "gptkit").symlink_to(Path("..") / "kit" / "gptkit")
@@ -912,7 +947,7 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
            # Only the plugins the kit names: autoloading every installed one (anyio's comes
            # with the torch extra) cost more than a lab's tests.
            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-           "HYPOTHESIS_STORAGE_DIRECTORY": str(inside / HYPOTHESIS_DIR), "GRADER_HANDOFF": str(inside / "handoff"),
+           "HYPOTHESIS_STORAGE_DIRECTORY": str(inside / HYPOTHESIS_DIR), "GRADER_HANDOFF": handoff_seen,
            **rt.env}
     lab_env = {**{k: env[k] for k in ("PATH", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
                                       "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED", "LANG")},
@@ -940,6 +975,7 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
             for j in jobs}
     children = _LabProcesses(scratch, inside, limits, mode, slot, lab_env, labs, cpus,
                              zygote=USE_ZYGOTE and kernel_walls(), kit=kit, rt=rt)
+    children.handoff_host, children.handoff_seen = handoff, handoff_seen
     if children.drop:
         for lab, uid in children.uids.items():
             _chown_tree(scratch / "impl" / lab, uid)
@@ -995,6 +1031,8 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
     watcher.join(timeout=5)
     children.stop_all()
     results.close()
+    if handoff != scratch / "handoff":
+        shutil.rmtree(handoff, ignore_errors=True)
     raw = RawRun(output=b"".join(out_chunks).decode("utf-8", "replace"), killed=killed,
                  returncode=proc.returncode, seconds=time.monotonic() - start, isolation=mode,
                  observed=children.observed)
@@ -1007,12 +1045,13 @@ def run(scratch: Path, jobs: list[dict], limits: Limits, *, slot: int = 0, mode:
             size = os.fstat(fh.fileno()).st_size
             raw.lab_output[j["lab"]] = fh.read(limits.max_output_kb * 1024).decode("utf-8", "replace")
         raw.lab_output_bytes[j["lab"]] = size
+    pairs = _neutral_paths(rt, scratch, str(inside), handoff_seen)
     for line in b"".join(res_chunks).decode("utf-8", "replace").splitlines():
         event = protocol.decode(line, token)  # anything else was not written by the test process
         if event is None:
             raw.dropped += 1
         else:
-            raw.events.append(_same_paths(event, str(inside)))
+            raw.events.append(_same_paths(event, pairs))
     return raw
 
 
@@ -1026,14 +1065,40 @@ def _undumpable() -> None:
         pass
 
 
-def _same_paths(event: protocol.Event, inside: str) -> protocol.Event:
-    """Messages name the scratch folder as ``/sandbox`` whatever the isolation: the same
-    submission gets the same result, and no path of the grading machine reaches feedback."""
-    if inside == SANDBOX_ROOT:
-        return event
-    return dataclasses.replace(event, **{f.name: getattr(event, f.name).replace(inside, SANDBOX_ROOT)
-                                         .replace(LAB_ROOT, SANDBOX_ROOT)
-                                         for f in dataclasses.fields(event) if isinstance(getattr(event, f.name), str)})
+def _neutral_paths(rt: runtime.Runtime, scratch: Path, inside: str, handoff: str) -> list[tuple[str, str]]:
+    """(host path, placeholder) pairs, longest first: what every message a student sees
+    says instead of a path of the grading machine. The scratch folder and the hand-off tree
+    are named as bubblewrap shows them (``/sandbox``, ``/sandbox/handoff``): the same
+    submission gets the same message whatever the isolation; the Python the sandboxed
+    processes run (its executable, its installation and packages, the public runtime's
+    folder) becomes ``<python>``, ``<site-packages>``, ``<python-runtime>``."""
+    pairs = {handoff: f"{SANDBOX_ROOT}/handoff", inside: SANDBOX_ROOT, str(scratch): SANDBOX_ROOT,
+             LAB_ROOT: SANDBOX_ROOT, runtime.RUNTIMES: "<python-runtime>"}
+    python = {*rt.roots, os.path.dirname(rt.executable), sys.prefix, sys.base_prefix, sys.exec_prefix}
+    python |= {os.path.realpath(p) for p in python if p}
+    for path in python:
+        parts = Path(path).parts if path else ()
+        # not a system folder every machine has (/usr, /usr/lib): those say nothing of this one
+        if len(parts) >= 4 or (len(parts) == 3 and parts[1] != "usr"):
+            pairs.setdefault(path, "<python>")
+    for path in {*rt.site, *(os.path.realpath(p) for p in rt.site)}:
+        pairs[path] = "<site-packages>"
+    for exe in {rt.executable, os.path.realpath(rt.executable), sys.executable}:
+        pairs[exe] = "<python>/bin/python"
+    return sorted(((host, neutral) for host, neutral in pairs.items() if host and host != neutral),
+                  key=lambda pair: -len(pair[0]))
+
+
+def _same_paths(event: protocol.Event, pairs: list[tuple[str, str]]) -> protocol.Event:
+    """The event with every host path of ``pairs`` (``_neutral_paths``) replaced in its text."""
+
+    def same(text: str) -> str:
+        for host, neutral in pairs:
+            text = text.replace(host, neutral)
+        return text
+
+    return dataclasses.replace(event, **{f.name: same(getattr(event, f.name)) for f in dataclasses.fields(event)
+                                         if isinstance(getattr(event, f.name), str)})
 
 
 def boot_files() -> dict[str, Path]:

@@ -113,6 +113,21 @@ def test_submission_conftest_pytest_ini_and_edited_tests_are_ignored(grader, mak
     assert r.labs[L1].points < 10
 
 
+def test_generated_code_is_graded_normally(grader, make_submission, full_marks):
+    """A helper of 5,000 generated terms (past the default recursion limit of both the static
+    review and the compiler) is graded as any other code: every point, no grader error, no
+    note of a failed review (issue 37). Its values are right: softmax uses it."""
+    terms = " + ".join(f"x * {i % 7}" for i in range(5000))
+    helper = f"def _generated(x):\n    return {terms}\n\n\n"
+    check = "    assert _generated(1) == sum(i % 7 for i in range(5000))\n"
+    r = grade(grader, make_submission(edits={CM: [(SOFTMAX_LINE, check + SOFTMAX_LINE),
+                                                  ("def softmax(", helper + "def softmax(")]}))
+    assert not r.error, r.error
+    assert {k: v.points for k, v in r.labs.items()} == full_marks, [
+        t.message[:200] for t in r.labs[L1].tests if t.outcome != "passed"][:2]
+    assert "review could not" not in all_flags_text(r), all_flags_text(r)
+
+
 def test_renamed_function_and_missing_file(grader, make_submission, full_marks):
     sub = make_submission(edits={"03_layernorm_ffn/layers.py": [("def gelu_exact(", "def gelu_erf(")]},
                           drop=["02_embeddings/embeddings.py"])

@@ -215,6 +215,32 @@ def test_a_lab_past_its_cpu_budget_is_stopped(reachable_tmp, make_submission):
     assert r.labs["02_embeddings"].points == g.rubric["02_embeddings"].points
 
 
+def test_a_looping_function_costs_only_the_tests_that_call_it(reachable_tmp, make_submission):
+    """softmax never returns. Each test that calls it fails on its own CPU-time limit, and
+    no more: the lab is not stopped however many tests the loop costs, and the hidden mask
+    tests, which run last and never call softmax, still run and pass (issue 37). The
+    limits are CPU time: the verdicts do not depend on the load."""
+    from grader.grade import Grader
+    from grader.sandbox.runner import Limits
+
+    from .conftest import reachable_dir
+
+    g = Grader(reachable_dir(reachable_tmp, "loop"), ["01"], log=lambda *_: None,
+               limits=Limits(wall_seconds=300, lab_seconds=5, test_seconds=1, memory_mb=1024))
+    (g.out_dir / ".scratch").mkdir(parents=True)
+    g.prepare()
+    sub = make_submission(edits={"01_causal_mask/causal_mask.py": [
+        ("    m = x.max(axis=axis, keepdims=True)\n", "    while True:\n        pass\n")]})
+    lab01 = g.grade("looper", sub).labs["01_causal_mask"]
+    outcomes = [(t.nodeid, t.outcome, t.message[:80]) for t in lab01.tests]
+    assert not any(t.outcome == "not run" for t in lab01.tests), outcomes
+    failed = [t for t in lab01.tests if t.outcome != "passed" and not t.hidden]  # (hidden: a concept, no message)
+    assert len(failed) > 3 and all("TestTimeLimit" in t.message for t in failed), outcomes
+    hidden_masks = [t for t in lab01.tests if "hidden" in t.nodeid and "test_mask_" in t.nodeid]
+    assert len(hidden_masks) == 3 and all(t.outcome == "passed" for t in hidden_masks), outcomes
+    assert not any("stopped" in f for f in lab01.flags) and any("time limit" in f for f in lab01.flags), lab01.flags
+
+
 def test_submissions_side_by_side_get_cores_of_their_own():
     """With --jobs N and at least N cores, each slot's processes are pinned to their own
     cores (a test process and its lab process take turns, so one core each suffices and a

@@ -294,6 +294,55 @@ def test_no_hidden_input_reaches_any_output(batch):
     assert all(t.message.startswith("a hidden test failed") for t in hidden), hidden[0].message
 
 
+# Lab 01's softmax raises every path of the grading machine it can name (issue 37).
+PATHS = """
+import os as _os, sys as _sys
+def softmax(x, axis=-1):
+    raise ValueError("PATHS " + " | ".join([_sys.executable, _os.path.realpath(_sys.executable), _os.getcwd(),
+                                            np.__file__, _os.__file__, *_sys.path[:8]]))
+"""
+
+
+def test_no_host_path_reaches_a_message(mode_grader, tmp_path):
+    """The Python's executable and installation, its packages (the public runtime's folder,
+    as root without bubblewrap), the import path and the grading folder: none reaches what
+    a student sees; each is a placeholder there."""
+    import sys
+
+    from grader.sandbox import runtime
+
+    g = mode_grader
+    r = g.grade("paths", submission(tmp_path / "paths", lab1_extra=PATHS))
+    text = "\n".join([t.message for lr in r.labs.values() for t in lr.tests]
+                     + [f for lr in r.labs.values() for f in lr.flags])
+    assert "PATHS " in text and "<site-packages>" in text, text[:500]
+    host = {str(g.out_dir), runtime.RUNTIMES, runner.HANDOFF_DIR, sys.prefix, sys.base_prefix,
+            os.path.realpath(sys.executable), os.path.dirname(np.__file__), os.path.dirname(os.__file__),
+            *(p for p in sys.path if p.count("/") >= 3 and not p.startswith("/usr/"))}
+    leaked = sorted(p for p in host if p in text)
+    assert not leaked, (leaked, text[:600])
+
+
+# Lab 01 prints 2 MB, but only for a size of mask that a hidden test alone asks for.
+LOUD_WHEN_HIDDEN = """
+_quiet_causal_mask = causal_mask
+def causal_mask(T, S=None):
+    if T >= 13:
+        print("x" * 2_000_000)
+    return _quiet_causal_mask(T, S)
+"""
+
+
+def test_what_the_hidden_phase_prints_reaches_no_note(mode_grader, tmp_path):
+    """Output in proportion to a hidden input would tell the student a few bits through the
+    printed-size note: the hidden phase's output is counted in no note (issue 37)."""
+    g = mode_grader
+    r = g.grade("loud", submission(tmp_path / "loud", lab1_extra=LOUD_WHEN_HIDDEN))
+    lr = r.labs[L1]
+    assert lr.points == g.rubric[L1].points, [t.message[:200] for t in lr.tests if t.outcome != "passed"][:2]
+    assert not any("printed" in f for f in lr.flags), lr.flags
+
+
 def test_lab_code_cannot_list_hidden_tests_or_fixtures(batch):
     """The recorder lists every folder it can think of (the kit's, the scratch folder's, its
     own tree's parents) and reads what it finds: no hidden test's or fixture's name, and no

@@ -185,6 +185,69 @@ if not os.path.exists(os.path.join(here, "swapped")):
             pass
     os._exit(3)
 """,
+    # Kernel objects that outlive the process or reach another one (issue 37): a key in
+    # the uid's keyring (student A's hidden inputs in student B's messages), SysV shared
+    # memory, message queues and semaphores, a POSIX message queue. Any one made wins.
+    "keyring_and_ipc": """
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+add_key, keyctl, mq_open = {"x86_64": (248, 250, 240), "aarch64": (217, 219, 180)}[os.uname().machine]
+made = []
+for ring in (-4, -5, -2):  # the user, user-session and process keyrings
+    if libc.syscall(ctypes.c_long(add_key), b"user", b"hidden-input", b"0.125", ctypes.c_size_t(5),
+                    ctypes.c_int(ring)) >= 0:
+        made.append(("key", ring))
+if libc.syscall(ctypes.c_long(keyctl), ctypes.c_int(22), ctypes.c_int(-1), ctypes.c_int(-4)) >= 0:
+    made.append("persistent keyring")  # KEYCTL_GET_PERSISTENT
+for name, call in (("shm", lambda: libc.shmget(0x37, 4096, 0o1000 | 0o600)),
+                   ("msg", lambda: libc.msgget(0x37, 0o1000 | 0o600)),
+                   ("sem", lambda: libc.semget(0x37, 1, 0o1000 | 0o600)),
+                   ("mq", lambda: libc.syscall(ctypes.c_long(mq_open), b"hidden-input", 0o100 | 2, 0o600, None))):
+    if call() >= 0:
+        made.append(name)
+WON = bool(made)
+""",
+    # Anonymous memory files, inotify on what another process writes, any core it likes.
+    "memfd_inotify_affinity": """
+libc = ctypes.CDLL(None, use_errno=True)
+made = []
+try:
+    os.close(os.memfd_create("hidden"))
+    made.append("memfd")
+except OSError:
+    pass
+if libc.inotify_init1(0) >= 0:
+    made.append("inotify")
+try:
+    os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    made.append("affinity")
+except OSError:
+    pass
+WON = bool(made)
+""",
+    # The hand-off folders of the other phase and of other labs: every one this process can
+    # write into, beyond its own, is a channel (the public phase writes where the hidden
+    # phase's tests run, or reads what they left).
+    "handoff_of_others": """
+writable = []
+for top in ("/tmp", "/sandbox", "/mnt", os.path.dirname(os.getcwd())):
+    for dirpath, dirnames, _files in os.walk(top):
+        if dirpath.count("/") > 12:
+            dirnames[:] = []
+            continue
+        if os.path.basename(dirpath) == "handoff":
+            dirnames[:] = []
+            for lab in os.listdir(dirpath):
+                for phase in ("public", "hidden"):
+                    d = os.path.join(dirpath, lab, phase)
+                    try:
+                        with open(os.path.join(d, f"probe-{os.getpid()}"), "w") as fh:
+                            fh.write("x")
+                        writable.append(d)
+                    except OSError:
+                        pass
+WON = len(set(writable)) >= 2
+""",
 }
 
 
@@ -311,7 +374,8 @@ def test_honest_students_around_the_attacks_keep_full_marks_and_the_gradebook_is
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
 def test_each_attack_scores_nothing(batch, attack):
     """mknod of the disk, a file's owner set to signal the grader or the test process
-    (fcntl, ioctl), io_uring, TCP to the host, privileges, a thread bomb, a symlink swap."""
+    (fcntl, ioctl), io_uring, TCP to the host, privileges, a thread bomb, a symlink swap,
+    keys and IPC objects, memfd/inotify/affinity, another phase's hand-off folder."""
     r = batch["results"][f"m_{attack}"]
     assert _points(r) == 0, (attack, batch["mode"], [t.message[:200] for t in r.labs[CM].tests][:3])
 
