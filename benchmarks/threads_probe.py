@@ -32,13 +32,9 @@ N = int(os.environ.get("OPENBLAS_NUM_THREADS", "1"))
 
 def best(fn, repeats: int = 7) -> float:
     """Milliseconds: the fastest of ``repeats`` calls after one untimed call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times) * 1e3
+    import common
+
+    return common.best_of(fn, repeats) * 1e3
 
 
 def softmax(a):

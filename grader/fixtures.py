@@ -78,6 +78,18 @@ def built_once(recipe: Path, module, solutions: Path = KIT_ROOT / "solutions") -
     return _BUILT[key]
 
 
+def _recipes_of(tests_dir: Path, labs: list[str] | None):
+    """``(lab, recipe, module, skip)`` for each recipe of ``labs`` (all when None):
+    ``skip`` says why it cannot run here (it needs torch), else it is None."""
+    for recipe in recipes(tests_dir):
+        lab = recipe.parent.name
+        if labs and lab[:2] not in labs and lab not in labs:
+            continue
+        module = load_recipe(recipe)
+        needs = getattr(module, "NEEDS_TORCH", False) and not torch_available()
+        yield lab, recipe, module, "needs torch and transformers (`uv sync --extra torch`)" if needs else None
+
+
 def torch_available() -> bool:
     return importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None
 
@@ -206,13 +218,9 @@ def generate(labs: list[str] | None = None, *, check: bool = False,
     """Build every recipe's fixtures; write them, or with ``check`` only compare."""
     use_solutions(solutions)
     report = FixtureReport()
-    for recipe in recipes(tests_dir):
-        lab = recipe.parent.name
-        if labs and lab[:2] not in labs and lab not in labs:
-            continue
-        module = load_recipe(recipe)
-        if getattr(module, "NEEDS_TORCH", False) and not torch_available():
-            report.skipped.append(f"{lab}: needs torch and transformers (`uv sync --extra torch`)")
+    for lab, recipe, module, skip in _recipes_of(tests_dir, labs):
+        if skip:
+            report.skipped.append(f"{lab}: {skip}")
             continue
         log(f"building fixtures for {lab} …")
         cases = built_once(recipe, module, solutions) if check else module.build()
@@ -258,12 +266,8 @@ def deviations(tests_dir: Path = KIT_ROOT / "tests", solutions: Path = KIT_ROOT 
     float32 the variant stands for."""
     use_solutions(solutions)
     out: dict[str, dict[str, float]] = {}
-    for recipe in recipes(tests_dir):
-        lab = recipe.parent.name
-        if labs and lab[:2] not in labs and lab not in labs:
-            continue
-        module = load_recipe(recipe)
-        if getattr(module, "NEEDS_TORCH", False) and not torch_available():
+    for lab, recipe, module, skip in _recipes_of(tests_dir, labs):
+        if skip:
             continue
         for case, arrays in sorted(module.build().items()):
             path = recipe.parent / "fixtures" / f"{case}.npz"
