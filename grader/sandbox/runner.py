@@ -447,6 +447,14 @@ class _LabProcess:
     status: dict = field(default_factory=dict)
     home: str = ""  # its scratch folder as the host sees it ("": its own /tmp, a tmpfs)
     handoff: str = ""  # its hand-off folder as the host sees it (see ``_LabProcesses.handoff``)
+    phase: str = "public"  # the tests it serves: "public", or "hidden" (what it does there is never reported)
+
+    @property
+    def seen_as(self) -> str:
+        """Its key in ``observed``: a hidden-phase process's peak memory, disk use and deaths
+        are kept apart from its lab's, so no note a student reads carries a bit of them (a
+        hidden test's inputs could set the size of what it keeps)."""
+        return self.lab if self.phase == "public" else f"{self.lab} (hidden phase)"
 
 
 def _tree_leaf(pid: int) -> int:
@@ -732,7 +740,7 @@ class _LabProcesses:
                 theirs.close()
             with self.lock:
                 sid, self.next_sid = self.next_sid, self.next_sid + 1
-                self.procs[sid] = _LabProcess(None, lab, int(pid), home=home, handoff=str(host_handoff))
+                self.procs[sid] = _LabProcess(None, lab, int(pid), home=home, handoff=str(host_handoff), phase=phase)
             return {"sid": sid}, [ours]
         inside, scratch = self.inside, self.scratch
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -754,7 +762,7 @@ class _LabProcesses:
             os.close(cfg)
         with self.lock:
             sid, self.next_sid = self.next_sid, self.next_sid + 1
-            self.procs[sid] = _LabProcess(proc, lab, home=home, handoff=str(host_handoff))
+            self.procs[sid] = _LabProcess(proc, lab, home=home, handoff=str(host_handoff), phase=phase)
         return {"sid": sid}, [ours]
 
     def cpu(self, sid: int) -> float:
@@ -789,7 +797,7 @@ class _LabProcesses:
         """What the grader itself saw of a lab process that has just ended (``grace`` > 0:
         the test process found it gone or unanswering): its peak memory, whether it ended
         by itself. Its scratch folder goes."""
-        seen = self.observed.setdefault(p.lab, {})
+        seen = self.observed.setdefault(p.seen_as, {})
         peak = int(p.status.get("maxrss_kb", 0) or 0) // 1024
         seen["memory"] = max(seen.get("memory", 0), peak)
         if grace > 0 or not p.status.get("ended_by_grader", False):
@@ -831,7 +839,7 @@ class _LabProcesses:
             for sid, p in list(self.procs.items()):
                 if p.status:
                     continue
-                seen = self.observed.setdefault(p.lab, {})
+                seen = self.observed.setdefault(p.seen_as, {})
                 peak = _peak_mb(self._holder(p))  # also kept at its end (rusage), where the host reaps it
                 seen["memory"] = max(seen.get("memory", 0), peak)
                 used = self._disk_used(p)

@@ -343,6 +343,37 @@ def test_what_the_hidden_phase_prints_reaches_no_note(mode_grader, tmp_path):
     assert not any("printed" in f for f in lr.flags), lr.flags
 
 
+BIG_WHEN_HIDDEN = """
+import numpy as _np
+_small_causal_mask = causal_mask
+_done = []
+def causal_mask(T, S=None):
+    if T >= 13 and not _done:  # only the hidden tests ask for 13 or more: touch what the limit allows
+        _done.append(True)
+        for mb in range(1024, 0, -8):
+            try:
+                a = _np.empty(mb * 2**20, _np.uint8)
+            except MemoryError:
+                continue
+            a[::4096] = 1  # one byte a page: resident, cheaply; its peak stays, the memory goes back
+            del a
+            break
+    return _small_causal_mask(T, S)
+"""
+
+
+def test_what_the_hidden_phase_holds_reaches_no_note(mode_grader, tmp_path):
+    """Memory in proportion to a hidden input would tell the student a bit through the
+    memory-limit note: a hidden-phase process's peak memory, disk use and deaths are kept
+    apart from its lab's and reach no note (issue 37)."""
+    g = mode_grader
+    r = g.grade("big", submission(tmp_path / "big", lab1_extra=BIG_WHEN_HIDDEN))
+    lr = r.labs[L1]
+    # (it may cost itself a test: near its limit, what runs next may not find the room)
+    assert any(t.hidden and t.outcome == "passed" for t in lr.tests), [t.message[:200] for t in lr.tests][:3]
+    assert not any("memory" in f for f in lr.flags), lr.flags
+
+
 def test_lab_code_cannot_list_hidden_tests_or_fixtures(batch):
     """The recorder lists every folder it can think of (the kit's, the scratch folder's, its
     own tree's parents) and reads what it finds: no hidden test's or fixture's name, and no
