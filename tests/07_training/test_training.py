@@ -24,6 +24,7 @@ from gptkit.checkpoints import GPT2Shape, gpt2_parameter_shapes, random_gpt2_sta
 from gptkit.testing import (arguments_written_back, assert_close, assert_float32, explains_errors, first_in_order, fixture_params, lab,
                             load_fixture, numeric_gradient, raises_clearly, stored_diagnoses)
 from gptkit.layer import Layer
+from gptkit.testing import remote
 from gptkit.testing.parameters import set_parameters
 
 S = lab("training")
@@ -543,6 +544,9 @@ def test_gradient_names_are_the_given_models_state_dict():
     """The contract lab 11 builds on: on a model whose h.0.mlp.c_fc computes its weight (as
     an adapted layer does), the names are still state_dict()'s and that layer's gradient is
     the one a plain layer holding the same weight would get."""
+    if remote.active() is not None:  # graded, the lab code runs in another process than this test's layer
+        pytest.skip("run by `uv run pytest -m lab07` only: the layer it puts in the model is an object of this "
+                    "test's, which the grader's lab process cannot hold (the grader leaves this test out)")
     f = load_fixture(LAB, "model")
     state = fixture_params(f)
     ids = f["ids"]
