@@ -147,13 +147,17 @@ def summaries_block(doc: str) -> str:
     run = found.get("run", "")
     when = re.search(r"started (\S+ \S+ UTC)", run)
     where = re.search(r"^- Machine: (.+?)\.?$", run, re.M)
+    small = " at small sizes (`--quick`: a check, not a measurement)"
+    first = run.splitlines()[0] if run else ""
     lines = [f"Measured {when.group(1) if when else 'at an unknown date'} on "
-             f"{where.group(1) if where else 'an unknown machine'}"
-             f"{' at small sizes (`--quick`: a check, not a measurement)' if '--quick' in run else ''}:", ""]
+             f"{where.group(1) if where else 'an unknown machine'}{small if '--quick' in first else ''}"
+             f"{', each benchmark run alone since then dated on its line' if 'Since then' in run else ''}:", ""]
     for name, body in found.items():
+        alone = re.search(rf"^- Since then, `{re.escape(name)}` alone, (\S+ \S+ UTC)(.*)$", run, re.M)
+        note = f" ({alone.group(1)}{small if '--quick' in alone.group(2) else ''})" if alone else ""
         for line in body.splitlines():
             if line.startswith(SUMMARY):
-                lines.append(f"- `{name}`: {line[len(SUMMARY):].strip().rstrip('.')}.")
+                lines.append(f"- `{name}`{note}: {line[len(SUMMARY):].strip().rstrip('.')}.")
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
