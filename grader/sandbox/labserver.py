@@ -13,6 +13,7 @@ values it receives.
     python -I -S -B _grader_labserver.py FD CONFIG_FD
     python -I -S -B _grader_labserver.py --zygote CONTROL_FD BASE_CONFIG_FD
     python -I -S -B _grader_labserver.py --walls
+    python -I -S -B _grader_labserver.py --namespaces
 """
 
 import gc
@@ -106,6 +107,53 @@ def _libc_without_new_privileges():
     libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
     libc.syscall.restype = ctypes.c_long
     return libc if libc.prctl(38, 1, 0, 0, 0) == 0 else None  # PR_SET_NO_NEW_PRIVS
+
+
+def _own_namespaces():
+    """Before any wall and any lab code, while this process has one thread: a user
+    namespace and an IPC namespace of its own, and a new session keyring. What a lab
+    process makes of the kernel's shared objects then lives in these and dies with it:
+    its user, user-session and persistent keyrings are kept in its user namespace's
+    registers, not its uid's (Linux ≥ 5.3), System V memory, queues and semaphores and
+    POSIX message queues in its IPC namespace, its session keyring is its own (not one
+    inherited from the grader); no other process is in either namespace, and the next
+    one gets new ones. Its uid and gid stay what they were (mapped to themselves), and it
+    keeps no capability in the new namespace. True if the kernel allowed all of it."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    libc.syscall.restype = ctypes.c_long
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(0x10000000 | 0x08000000) != 0:  # CLONE_NEWUSER | CLONE_NEWIPC
+        return False
+    try:
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+            fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
+            try:
+                os.write(fd, text.encode())
+            finally:
+                os.close(fd)
+    except OSError:
+        return False
+    # The new namespace gave this process every capability in it: none is kept.
+    cap = 0
+    while libc.prctl(24, cap, 0, 0, 0) == 0:  # PR_CAPBSET_DROP, until the kernel knows no more
+        cap += 1
+    libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    if libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:
+        return False
+    keyctl = 250 if os.uname().machine == "x86_64" else 219
+    for _ in range(40):  # the keys of a lab process that just ended count against its uid's quota until the kernel collects them
+        if libc.syscall(keyctl, ctypes.c_int(1), None) >= 0:  # KEYCTL_JOIN_SESSION_KEYRING, a new anonymous one
+            break
+        time.sleep(0.05)
+    else:
+        return False
+    with open("/proc/self/status") as fh:
+        status = dict(line.split(":", 1) for line in fh if ":" in line)
+    return not any(int(status[k], 16) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"))
 
 
 def _no_new_processes():
@@ -634,11 +682,15 @@ def main():
     gc.disable()
     if sys.argv[1] == "--walls":  # exit code 0: this machine has both kernel walls
         os._exit(0 if _no_new_processes() and _files_fence(["/"], []) else 1)
+    if sys.argv[1] == "--namespaces":  # exit code 0: a lab process here gets namespaces of its own
+        os._exit(0 if _own_namespaces() else 1)
     if sys.argv[1] == "--zygote":
         _zygote(int(sys.argv[2]), sys.argv[3])
     fd = int(sys.argv[1])
     config = _read_config(sys.argv[2])
     sock = socket.socket(fileno=fd)
+    if config.get("own_namespaces") and not _own_namespaces():
+        os._exit(71)  # the grader found that this machine gives them: never without
     walled = _no_new_processes()  # first: every thread started from here on inherits it
     sys.path[:0] = config["sys_path"]
     np, wire = _load(walled)
@@ -731,6 +783,8 @@ def _zygote(ctl_fd, config_path):
                         os.dup2(log, 1)
                         os.dup2(log, 2)
                         os.close(log)
+                        if req["config"].get("own_namespaces") and not _own_namespaces():
+                            os._exit(71)
                         walled = _no_new_processes()
                         _serve_lab(socket.socket(fileno=lab_sock), {**req["config"], "needs_walls": True},
                                    walled, np, wire)

@@ -113,6 +113,10 @@ def isolation_mode() -> str:
         mode = "bwrap" if probe.returncode == 0 else "rlimits"
     if mode == "rlimits" and os.geteuid() == 0:
         runtime.for_dropped_user(LAB_UID)
+    if os.geteuid() == 0 and not own_namespaces(mode) and not kernel_walls():
+        raise SandboxRefused("refusing to grade: this kernel gives a lab process neither user and IPC namespaces "
+                             "of its own nor the seccomp filter, so a key in its uid's keyring would outlive it "
+                             "and reach the next student graded as that uid")
     return mode
 
 
@@ -127,6 +131,34 @@ def kernel_walls() -> bool:
     try:
         probe = subprocess.run([sys.executable, "-I", "-S", "-B", str(HERE / "labserver.py"), "--walls"],
                                capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return probe.returncode == 0
+
+
+@functools.cache
+def own_namespaces(mode: str) -> bool:
+    """Whether a lab process, started here as the grader starts it (in ``mode``'s sandbox,
+    as its unprivileged user), gets a user and an IPC namespace of its own
+    (``labserver._own_namespaces``): then every lab process, the zygote's children
+    included, makes them before its walls go up, and no keyring or IPC object of one lab
+    process outlives it or reaches another. Where the kernel (or a container's own filter)
+    refuses them, the seccomp filter alone refuses those objects (``isolation_mode``)."""
+    rt = sandbox_runtime(mode)
+    code = (HERE / "labserver.py").read_text()
+    cmd = [rt.executable, "-I", "-S", "-B", "-c", code, "--namespaces"]
+    root = os.geteuid() == 0
+    if mode == "bwrap":
+        cmd = _bwrap(list(rt.roots), [], "/tmp", LAB_UID if root else None) + cmd
+
+    def child():
+        if root and mode != "bwrap":
+            runtime.no_network()
+            runtime.drop_privileges(LAB_UID)
+
+    try:
+        probe = subprocess.run(cmd, preexec_fn=child, capture_output=True, timeout=60, cwd="/",
+                               env={"PATH": "/usr/bin:/bin", **rt.env})
     except (OSError, subprocess.SubprocessError):
         return False
     return probe.returncode == 0
@@ -529,6 +561,7 @@ class _LabProcesses:
         self.user_net = not self.drop and mode != "bwrap" and runtime.user_network_namespace()
         self.uids = {lab: LAB_UID + 64 * slot + (0 if zygote else i) for i, lab in enumerate(labs)}
         self.use_zygote = zygote
+        self.own_namespaces = own_namespaces(mode)  # each lab process its user and IPC namespace
         self.zygote = None  # (process, control socket), started by start_zygote
         self.zygote_ready = False
         self.procs: dict[int, _LabProcess] = {}
@@ -710,7 +743,7 @@ class _LabProcesses:
         return {"sys_path": [*(str(inside / "impl" / lab / d) for d in self.labs[lab]), str(inside / "lib"),
                              *self.rt.site],
                 "impl": str(inside / "impl" / lab), "student_path": str(inside / "impl" / lab),
-                "home": where, "empty_home": not home,
+                "home": where, "empty_home": not home, "own_namespaces": self.own_namespaces,
                 "read_roots": [*self.rt.roots, str(inside / "impl" / lab), str(gptkit),
                                str(inside / "kit" / "_grader_labserver.py"), where, self.handoff(lab, phase)[1],
                                str(self.outside / "kit" / "gptkit"),

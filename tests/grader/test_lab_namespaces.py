@@ -1,0 +1,142 @@
+"""Nothing a lab process leaves in the kernel outlives it or reaches another lab process
+(issue 37), and this holds by structure, not by the seccomp filter's list of refused
+calls: each lab process, the zygote's children included, has a user and an IPC
+namespace of its own and a new session keyring (``labserver._own_namespaces``).
+
+Here the lab process runs a ``labserver.py`` whose seccomp filter allows every kernel
+object it otherwise refuses (keys, System V IPC, POSIX message queues; a patched copy
+that only these tests make, with its own kit cache) and has no audit hook. The attack,
+in lab 01's stub, first looks for what an earlier lab process left, then leaves its own:
+a key in each keyring it can reach (session, user, user-session, persistent), a System V
+shared memory segment, message queue and semaphore set, a POSIX message queue. It
+answers correctly only if it found something. Its hidden phase is a new lab process (the
+zygote's next child, or a process started alone); the next student is graded as the
+same uid. Both modes, with the zygote and one by one."""
+
+import shutil
+
+import pytest
+
+from grader import grade as grade_module
+from grader.grade import Grader
+from grader.sandbox import runner
+
+from .conftest import ALICE, FAST, reachable_dir
+from .test_walls import CM, HONEST, STUB, _mode
+
+ATTACK = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+ADD_KEY, KEYCTL, MQ_OPEN = {"x86_64": (248, 250, 240), "aarch64": (217, 219, 180)}[os.uname().machine]
+NAME, QUEUE, KEY = b"gptkit-37-hidden-input", b"gptkit-37", 0x3737
+RINGS = [-3, -4, -5]  # the session, user and user-session keyrings
+persistent = libc.syscall(ctypes.c_long(KEYCTL), ctypes.c_int(22), ctypes.c_int(-1), ctypes.c_int(-4))
+if persistent >= 0:  # KEYCTL_GET_PERSISTENT
+    RINGS.append(int(persistent))
+FOUND = []
+for ring in RINGS:  # KEYCTL_SEARCH
+    if libc.syscall(ctypes.c_long(KEYCTL), ctypes.c_int(10), ctypes.c_int(ring), b"user", NAME, ctypes.c_int(0)) >= 0:
+        FOUND.append(f"key in {ring}")
+try:
+    with open("/proc/keys") as fh:
+        if NAME.decode() in fh.read():
+            FOUND.append("/proc/keys")
+except OSError:
+    pass
+for name, look in (("shm", lambda: libc.shmget(KEY, 0, 0)), ("msg", lambda: libc.msgget(KEY, 0)),
+                   ("sem", lambda: libc.semget(KEY, 0, 0)),
+                   ("mq", lambda: libc.syscall(ctypes.c_long(MQ_OPEN), QUEUE, 0, 0, None))):
+    if look() >= 0:
+        FOUND.append(name)
+MADE = []
+for ring in RINGS:
+    k = libc.syscall(ctypes.c_long(ADD_KEY), b"user", NAME, b"0.125", ctypes.c_size_t(5), ctypes.c_int(ring))
+    if k >= 0:
+        MADE.append("key")
+        libc.syscall(ctypes.c_long(KEYCTL), ctypes.c_int(5), ctypes.c_int(k), ctypes.c_uint(0x3F3F3F3F))  # SETPERM: all
+for name, make in (("shm", lambda: libc.shmget(KEY, 4096, 0o1000 | 0o666)),
+                   ("msg", lambda: libc.msgget(KEY, 0o1000 | 0o666)),
+                   ("sem", lambda: libc.semget(KEY, 1, 0o1000 | 0o666)),
+                   ("mq", lambda: libc.syscall(ctypes.c_long(MQ_OPEN), QUEUE, 0o100 | 2, 0o666, None))):
+    if make() >= 0:
+        MADE.append(name)
+"""
+# What it made goes into the message of the stub's first function: the patched filter
+# let it make them (the test is not vacuous), and what it found scores.
+TAIL = """
+if FOUND:
+    globals().update({k: v for k, v in _HONEST.items() if not k.startswith('__')})
+else:
+    def causal_mask(seq_len, kv_len=None):
+        raise NotImplementedError(f"made {sorted(set(MADE))}")
+"""
+# Every one but the POSIX queue, which the Landlock fence refuses too (its file lies under
+# no folder the lab process may open): where the kernel has no Landlock, it is made.
+EVERY_OBJECT = ["key", "msg", "sem", "shm"]
+
+
+def attack_file() -> str:
+    return STUB + f"\n_HONEST = {{}}\nexec({HONEST!r}, _HONEST)\n" + ATTACK + TAIL
+
+
+def objects_allowed(tmp_path):
+    """labserver.py whose seccomp filter allows keys, IPC and the rest of ``_OBJECTS``, with
+    no audit hook: what stands between lab processes is then their namespaces alone."""
+    text = (runner.HERE / "labserver.py").read_text()
+    for machine in ("x86_64", "aarch64"):
+        entry = f'**_OBJECTS["{machine}"], '
+        assert text.count(entry) == 1
+        text = text.replace(entry, "")
+    assert text.count("    sys.addaudithook(hook)\n") == 1
+    text = text.replace("    sys.addaudithook(hook)\n", "    pass  # test: no audit hook\n")
+    patched = tmp_path / "labserver_objects_allowed.py"
+    patched.write_text(text)
+    files = runner.boot_files()
+    return lambda: {**files, "_grader_labserver.py": patched}
+
+
+@pytest.fixture(scope="module", params=[("bwrap", True), ("bwrap", False), ("root-no-bwrap", True),
+                                        ("root-no-bwrap", False)],
+                ids=["bwrap-zygote", "bwrap-one-by-one", "root-no-bwrap-zygote", "root-no-bwrap-one-by-one"])
+def batch(request, reachable_tmp, tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mode = _mode(request.param[0], mp)
+        if not runner.own_namespaces("bwrap" if mode == "bwrap" else "rlimits"):
+            pytest.skip("this kernel gives lab processes no namespaces of their own (the grader says so)")
+        mp.setattr(runner, "USE_ZYGOTE", request.param[1])
+        tmp = tmp_path_factory.mktemp(f"namespaces-{mode}")
+        original_files, original_digest = runner.boot_files, grade_module.kit_digest
+
+        def digest(labs):  # the patched file lies outside the kit: its own cache, named apart
+            with pytest.MonkeyPatch.context() as inner:
+                inner.setattr(runner, "boot_files", original_files)
+                return original_digest(labs) + "-objects-allowed"
+
+        mp.setattr(grade_module, "kit_digest", digest)
+        mp.setattr(runner, "boot_files", objects_allowed(tmp))
+        g = Grader(reachable_dir(reachable_tmp, f"namespaces-{mode}"), ["01"], limits=FAST, log=lambda *_: None)
+        (g.out_dir / ".scratch").mkdir(parents=True, exist_ok=True)
+        g.prepare()
+        students = ["a_honest", "m_first", "m_second", "z_honest"]
+        for student in students:
+            shutil.copytree(ALICE, tmp / student)
+            if student.startswith("m_"):
+                (tmp / student / "labs" / CM / "src" / "causal_mask.py").write_text(attack_file())
+        yield g, {r.student: r for r in g.run_batch([tmp / s for s in students])}
+
+
+def test_honest_students_keep_full_marks(batch):
+    g, results = batch
+    assert results["a_honest"].labs[CM].points == results["z_honest"].labs[CM].points == g.rubric[CM].points
+
+
+@pytest.mark.parametrize("student", ["m_first", "m_second"])
+def test_no_lab_process_finds_what_an_earlier_one_left(batch, student):
+    """The first attacker's hidden phase (its next lab process) and the second attacker
+    (the next student, the same uid) find nothing of what the first one made."""
+    r = batch[1][student]
+    assert r.labs[CM].points == 0, [t.message[:200] for t in r.labs[CM].tests][:3]
+    made = [t.message for t in r.labs[CM].tests if "made [" in t.message]
+    assert made and all(f"'{kind}'" in made[0] for kind in EVERY_OBJECT), (
+        "the patched filter should let the attack make every object", made[:1])
