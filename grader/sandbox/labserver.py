@@ -145,7 +145,9 @@ def _own_namespaces():
     if libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:
         return False
     keyctl = 250 if os.uname().machine == "x86_64" else 219
-    for _ in range(40):  # the keys of a lab process that just ended count against its uid's quota until the kernel collects them
+    # The keys of a lab process that just ended count against its uid's quota until the
+    # kernel collects them: a moment's wait, not a failure.
+    for _ in range(40):
         if libc.syscall(keyctl, ctypes.c_int(1), None) >= 0:  # KEYCTL_JOIN_SESSION_KEYRING, a new anonymous one
             break
         time.sleep(0.05)

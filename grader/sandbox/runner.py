@@ -247,8 +247,8 @@ def _libc():
 def _private_tmp(disk_mb: int, binds: tuple = (), keep: tuple[str, ...] = (), rw: tuple = ()) -> None:
     """Runs in a lab process's child set-up as root without bubblewrap, before any uid
     drop: a mount namespace of its own (nothing propagates back) whose /tmp is a tmpfs of
-    ``tmpfs_bytes(disk_mb)``, its working folder. What it writes there no other process
-    sees, and it is gone when the process (or the zygote holding it) ends. ``binds``:
+    ``tmpfs_bytes(disk_mb)``, its working folder, and /dev/null over ``PROC_KEYS``. What
+    it writes there no other process sees, and it is gone when the process (or the zygote holding it) ends. ``binds``:
     (host path, path under ``LAB_ROOT``) pairs, the parts of the scratch folder it may
     see, bound read-only on a tmpfs over ``LAB_ROOT``'s parent (so that none lies under
     /tmp, which the lab process may write); ``keep``: paths under the host's /tmp it needs
@@ -270,6 +270,9 @@ def _private_tmp(disk_mb: int, binds: tuple = (), keep: tuple[str, ...] = (), rw
     held += [(os.open(src, os.O_PATH), True, str(dst), True) for src, dst in rw]
     opts = f"size={tmpfs_bytes(disk_mb)},nr_inodes={TMPFS_INODES},mode=1777".encode()
     check(libc.mount(b"tmpfs", b"/tmp", b"tmpfs", _MS_NOSUID | _MS_NODEV, opts))
+    for path in PROC_KEYS:
+        if os.path.exists(path):
+            check(libc.mount(b"/dev/null", path.encode(), None, _MS_BIND, None))
     if binds:
         check(libc.mount(b"tmpfs", os.path.dirname(LAB_ROOT).encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV,
                          b"size=1m,mode=0755"))
@@ -375,13 +378,24 @@ def _bwrap_binds(roots: list[str]) -> list[str]:
     return binds
 
 
+# What /proc shows of every key of a uid (its description included), in any namespace
+# that maps the uid: of a lab process that ended a moment before, until the kernel
+# collects them. Each sandbox has /dev/null there.
+PROC_KEYS = ("/proc/keys", "/proc/key-users")
+
+
+def _masked_proc() -> list[str]:
+    """bubblewrap arguments putting /dev/null over ``PROC_KEYS`` (those this kernel has)."""
+    return [arg for path in PROC_KEYS if os.path.exists(path) for arg in ("--ro-bind", "/dev/null", path)]
+
+
 def _bwrap(roots: list[str], mounts: list[str], chdir: str, uid: int | None) -> list[str]:
     """The bubblewrap prefix: own PID, network, IPC and mount namespaces; only ``mounts``
     (and the Python installation, read-only) exist; as root, run as ``uid``."""
     prefix = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net",
               "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", *([] if uid is not None else ["--unshare-user"]),
               "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
-              "--symlink", "usr/bin", "/bin", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+              "--symlink", "usr/bin", "/bin", "--proc", "/proc", *_masked_proc(), "--dev", "/dev", "--tmpfs", "/tmp",
               *_bwrap_binds(roots), *mounts, "--chdir", chdir]
     if uid is not None:
         prefix += ["/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",

@@ -5,11 +5,12 @@ namespace of its own and a new session keyring (``labserver._own_namespaces``).
 
 Here the lab process runs a ``labserver.py`` whose seccomp filter allows every kernel
 object it otherwise refuses (keys, System V IPC, POSIX message queues; a patched copy
-that only these tests make, with its own kit cache) and has no audit hook. The attack,
+that only these tests make, with its own kit cache) and has no audit hook; lab
+processes started one by one have no Landlock fence either. The attack,
 in lab 01's stub, first looks for what an earlier lab process left, then leaves its own:
 a key in each keyring it can reach (session, user, user-session, persistent), a System V
-shared memory segment, message queue and semaphore set, a POSIX message queue. It
-answers correctly only if it found something. Its hidden phase is a new lab process (the
+shared memory segment, message queue and semaphore set, a POSIX message queue; it
+also reads ``/proc/keys``. It answers correctly only if it found something. Its hidden phase is a new lab process (the
 zygote's next child, or a process started alone); the next student is graded as the
 same uid. Both modes, with the zygote and one by one."""
 
@@ -71,8 +72,8 @@ else:
     def causal_mask(seq_len, kv_len=None):
         raise NotImplementedError(f"made {sorted(set(MADE))}")
 """
-# Every one but the POSIX queue, which the Landlock fence refuses too (its file lies under
-# no folder the lab process may open): where the kernel has no Landlock, it is made.
+# With the zygote, every one but the POSIX queue, which the Landlock fence refuses too (its
+# file lies under no folder the lab process may open); one by one, with no fence, that too.
 EVERY_OBJECT = ["key", "msg", "sem", "shm"]
 
 
@@ -80,9 +81,11 @@ def attack_file() -> str:
     return STUB + f"\n_HONEST = {{}}\nexec({HONEST!r}, _HONEST)\n" + ATTACK + TAIL
 
 
-def objects_allowed(tmp_path):
+def objects_allowed(tmp_path, fence: bool):
     """labserver.py whose seccomp filter allows keys, IPC and the rest of ``_OBJECTS``, with
-    no audit hook: what stands between lab processes is then their namespaces alone."""
+    no audit hook, and (``fence`` False: lab processes started one by one, which need no
+    fence) no Landlock fence either, so that ``/proc/keys`` and POSIX queues are open to it:
+    what stands between lab processes is then their namespaces and their mounts alone."""
     text = (runner.HERE / "labserver.py").read_text()
     for machine in ("x86_64", "aarch64"):
         entry = f'**_OBJECTS["{machine}"], '
@@ -90,7 +93,11 @@ def objects_allowed(tmp_path):
         text = text.replace(entry, "")
     assert text.count("    sys.addaudithook(hook)\n") == 1
     text = text.replace("    sys.addaudithook(hook)\n", "    pass  # test: no audit hook\n")
-    patched = tmp_path / "labserver_objects_allowed.py"
+    if not fence:
+        entry = "def _files_fence(read_roots, write_roots, list_roots=()):\n"
+        assert text.count(entry) == 1
+        text = text.replace(entry, entry + "    return False  # test: no fence\n")
+    patched = tmp_path / f"labserver_objects_allowed{'' if fence else '_unfenced'}.py"
     patched.write_text(text)
     files = runner.boot_files()
     return lambda: {**files, "_grader_labserver.py": patched}
@@ -111,10 +118,10 @@ def batch(request, reachable_tmp, tmp_path_factory):
         def digest(labs):  # the patched file lies outside the kit: its own cache, named apart
             with pytest.MonkeyPatch.context() as inner:
                 inner.setattr(runner, "boot_files", original_files)
-                return original_digest(labs) + "-objects-allowed"
+                return original_digest(labs) + "-objects-allowed" + ("" if request.param[1] else "-unfenced")
 
         mp.setattr(grade_module, "kit_digest", digest)
-        mp.setattr(runner, "boot_files", objects_allowed(tmp))
+        mp.setattr(runner, "boot_files", objects_allowed(tmp, fence=request.param[1]))
         g = Grader(reachable_dir(reachable_tmp, f"namespaces-{mode}"), ["01"], limits=FAST, log=lambda *_: None)
         (g.out_dir / ".scratch").mkdir(parents=True, exist_ok=True)
         g.prepare()
@@ -123,11 +130,11 @@ def batch(request, reachable_tmp, tmp_path_factory):
             shutil.copytree(ALICE, tmp / student)
             if student.startswith("m_"):
                 (tmp / student / "labs" / CM / "src" / "causal_mask.py").write_text(attack_file())
-        yield g, {r.student: r for r in g.run_batch([tmp / s for s in students])}
+        yield g, {r.student: r for r in g.run_batch([tmp / s for s in students])}, request.param[1]
 
 
 def test_honest_students_keep_full_marks(batch):
-    g, results = batch
+    g, results, _zygote = batch
     assert results["a_honest"].labs[CM].points == results["z_honest"].labs[CM].points == g.rubric[CM].points
 
 
@@ -135,8 +142,10 @@ def test_honest_students_keep_full_marks(batch):
 def test_no_lab_process_finds_what_an_earlier_one_left(batch, student):
     """The first attacker's hidden phase (its next lab process) and the second attacker
     (the next student, the same uid) find nothing of what the first one made."""
-    r = batch[1][student]
+    _g, results, zygote = batch
+    r = results[student]
     assert r.labs[CM].points == 0, [t.message[:200] for t in r.labs[CM].tests][:3]
     made = [t.message for t in r.labs[CM].tests if "made [" in t.message]
-    assert made and all(f"'{kind}'" in made[0] for kind in EVERY_OBJECT), (
+    kinds = EVERY_OBJECT if zygote else [*EVERY_OBJECT, "mq"]
+    assert made and all(f"'{kind}'" in made[0] for kind in kinds), (
         "the patched filter should let the attack make every object", made[:1])

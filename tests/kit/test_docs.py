@@ -303,6 +303,20 @@ def _marked(name: str) -> list[str]:
     return re.findall(r"`([\w.]+)`", body[1])
 
 
+def test_the_instructors_page_lists_the_kernel_objects_the_filter_refuses():
+    """docs/instructors.md's list of what the seccomp filter refuses besides the lab
+    process's own namespaces is the filter's list (``labserver._OBJECTS``), on every
+    machine it knows."""
+    from grader.sandbox import labserver
+
+    text = (KIT_ROOT / "docs" / "instructors.md").read_text()
+    body = re.search(r"<!-- refused-objects: -->(.*?)<!-- :refused-objects -->", text, re.S)
+    assert body, "docs/instructors.md lacks its <!-- refused-objects: --> list"
+    said = set(re.findall(r"`(\w+)`", body[1]))
+    refused = {name for calls in labserver._OBJECTS.values() for name in calls.values()}
+    assert said == refused, {"listed, not refused": sorted(said - refused), "refused, not listed": sorted(refused - said)}
+
+
 def test_every_lab_readme_links_the_grading_page_and_claims_no_rules_of_its_own():
     """What the grader does is said once, in docs/grading.md; a lab README links it and
     does not say the grader refuses, forbids or rejects code (the review is advisory)."""
