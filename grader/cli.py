@@ -131,9 +131,8 @@ def cmd_grade(args) -> int:
         print("warning: bubblewrap (bwrap) is not available: submissions run with resource limits and an "
               "audit hook but without a private file system; install bubblewrap for full isolation",
               file=sys.stderr)
-    if not runner.own_namespaces(grader.isolation):
-        print("warning: this kernel gives lab processes no user and IPC namespaces of their own: the seccomp filter "
-              "alone keeps them from keyrings, System V IPC and POSIX message queues", file=sys.stderr)
+    if warning := runner.namespaces_warning(grader.isolation):
+        print(warning, file=sys.stderr)
     (grader.out_dir / ".scratch").mkdir(parents=True, exist_ok=True)
     grader.prepare()  # calibration first: the status line's estimate counts grading time alone
     progress = Progress(total, len(grader.labs))

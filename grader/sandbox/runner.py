@@ -164,6 +164,15 @@ def own_namespaces(mode: str) -> bool:
     return probe.returncode == 0
 
 
+def namespaces_warning(mode: str) -> str:
+    """What ``grader grade`` says when it starts where lab processes get no namespaces of
+    their own ("" where they do)."""
+    if own_namespaces(mode):
+        return ""
+    return ("warning: this kernel gives lab processes no user and IPC namespaces of their own: the seccomp filter "
+            "alone keeps them from keyrings, System V IPC and POSIX message queues")
+
+
 TEST_UID, LAB_UID = 61000, 62000  # + the job slot (the test process); + 64 × slot + the lab's index
 
 

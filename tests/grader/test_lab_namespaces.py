@@ -14,6 +14,7 @@ also reads ``/proc/keys``. It answers correctly only if it found something. Its 
 zygote's next child, or a process started alone); the next student is graded as the
 same uid. Both modes, with the zygote and one by one."""
 
+import os
 import shutil
 
 import pytest
@@ -149,3 +150,17 @@ def test_no_lab_process_finds_what_an_earlier_one_left(batch, student):
     kinds = EVERY_OBJECT if zygote else [*EVERY_OBJECT, "mq"]
     assert made and all(f"'{kind}'" in made[0] for kind in kinds), (
         "the patched filter should let the attack make every object", made[:1])
+
+
+def test_where_the_kernel_gives_no_namespaces_the_grader_says_so(monkeypatch):
+    """Never a silent fall-back: ``grader grade`` says that the seccomp filter alone stands
+    there, and as root, with the filter missing too, grading is refused in one line."""
+    monkeypatch.setattr(runner, "own_namespaces", lambda mode: False)
+    assert "seccomp filter alone" in runner.namespaces_warning("bwrap")
+    if os.geteuid() == 0:
+        monkeypatch.setattr(runner, "kernel_walls", lambda: False)
+        with pytest.raises(runner.SandboxRefused, match="keyring"):
+            runner.isolation_mode()
+    monkeypatch.undo()
+    if runner.own_namespaces(runner.isolation_mode()):
+        assert runner.namespaces_warning(runner.isolation_mode()) == ""
