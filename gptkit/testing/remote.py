@@ -15,6 +15,7 @@ wall-clock backstop, far above the budget, catches lab code that only sleeps.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import itertools
 import json
@@ -22,6 +23,7 @@ import os
 import select
 import socket
 import time
+import warnings
 import weakref
 from collections.abc import Iterator
 
@@ -415,6 +417,7 @@ class Remote:
         if not isinstance(reply, dict):
             self._stop()
             raise NotPlainData("the lab code's process sent a malformed answer; it was restarted")
+        _warn_again(meta.get("w"))
         return self._unpack(reply, sent)
 
     def _ready(self) -> None:
@@ -511,6 +514,19 @@ def _substitute(value, changed: dict, depth: int = 0):
     if type(value) is dict:
         return {k: _substitute(v, changed, depth + 1) for k, v in value.items()}
     return value
+
+
+def _warn_again(warned) -> None:
+    """The warnings the lab process recorded while it answered, warned here again (as the
+    builtin category they derive from), where a test may record them as it would lab
+    code's own under `uv run pytest`."""
+    if not isinstance(warned, list):
+        return
+    for item in warned[:20]:
+        if isinstance(item, list) and len(item) == 2 and all(isinstance(x, str) for x in item):
+            category = getattr(builtins, item[0], None)
+            if isinstance(category, type) and issubclass(category, Warning):
+                warnings.warn(item[1][:500], category, stacklevel=4)
 
 
 def _envelope(tree) -> tuple[str, dict, object]:

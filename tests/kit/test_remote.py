@@ -68,6 +68,14 @@ def draw(rng, n):
 def apply(fn, x):
     return fn(x) + 1
 
+def zero_over_zero(n):
+    return np.zeros(n, np.float32) / np.zeros(n, np.float32)
+
+def warned_then_failed():
+    import warnings
+    warnings.warn("a UserWarning of the lab's own")
+    raise ValueError("after the warning")
+
 def doubled(items):
     for x in items:
         yield 2 * x
@@ -192,6 +200,24 @@ def test_arrays_numbers_and_objects(lab):
     buf.length = 1
     assert buf.view().shape == (2, 1) and isinstance(buf.view(), np.ndarray)
     assert buf.view().dtype == np.float32 and buf.view().flags.writeable
+
+
+def test_warnings_of_lab_code_reach_the_test(lab):
+    """What lab code warns (NumPy's 0 / 0 among them) a test records as it would under
+    `uv run pytest`, also when the call then raises; a call that warns nothing brings none."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = lab.zero_over_zero(3)
+        lab.identity(1.0)
+    assert np.isnan(out).all()
+    assert [w.category for w in seen] == [RuntimeWarning] and "invalid value" in str(seen[0].message), seen
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with pytest.raises(ValueError, match="after the warning"):
+            lab.warned_then_failed()
+    assert [(w.category, str(w.message)) for w in seen] == [(UserWarning, "a UserWarning of the lab's own")]
 
 
 def test_containers_a_student_may_return(lab):
