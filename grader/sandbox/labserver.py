@@ -110,6 +110,18 @@ def _libc_without_new_privileges():
     return libc if libc.prctl(38, 1, 0, 0, 0) == 0 else None  # PR_SET_NO_NEW_PRIVS
 
 
+def map_to_self(uid, gid):
+    """In a user namespace this process has just made: its uid and gid are themselves there
+    (and it may not change its groups). Raises OSError if the kernel refuses. The grader's
+    own set-up uses it too (``runtime.no_network``)."""
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+
+
 def _own_namespaces():
     """Before any wall and any lab code, while this process has one thread: a user
     namespace and an IPC namespace of its own, and a new session keyring. What a lab
@@ -129,12 +141,7 @@ def _own_namespaces():
     if libc.unshare(0x10000000 | 0x08000000) != 0:  # CLONE_NEWUSER | CLONE_NEWIPC
         return False
     try:
-        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
-            fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
-            try:
-                os.write(fd, text.encode())
-            finally:
-                os.close(fd)
+        map_to_self(uid, gid)
     except OSError:
         return False
     # The new namespace gave this process every capability in it: none is kept.

@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grader.sandbox import labserver
+
 # Folders of site-packages the sandbox never imports (the test process runs `-m "not torch"`):
 # left out of a public runtime, which is then a few hundred MB of links instead of gigabytes.
 LEFT_OUT = {"torch", "torchgen", "functorch", "nvidia", "triton", "transformers", "tokenizers", "cuda",
@@ -85,12 +87,7 @@ def no_network() -> None:
     uid, gid = os.getuid(), os.getgid()
     if _libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWIPC) != 0:
         raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER | CLONE_NEWNET)")
-    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
-        fd = os.open(f"/proc/self/{name}", os.O_WRONLY)
-        try:
-            os.write(fd, text.encode())
-        finally:
-            os.close(fd)
+    labserver.map_to_self(uid, gid)
 
 
 def drop_privileges(uid: int) -> None:

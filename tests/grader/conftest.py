@@ -33,6 +33,23 @@ def reachable_dir(base, name):
     return d
 
 
+def use_lab_server(mp, boot_files, suffix):
+    """Grade with the boot files ``boot_files()`` gives (a patched ``labserver.py``), whose
+    kit has a cache of its own: the kit's digest, then ``suffix``."""
+    from grader import grade as grade_module
+    from grader.sandbox import runner
+
+    original_files, original_digest = runner.boot_files, grade_module.kit_digest
+
+    def digest(labs):  # the patched file lies outside the kit: its own cache, named apart
+        with pytest.MonkeyPatch.context() as inner:
+            inner.setattr(runner, "boot_files", original_files)
+            return original_digest(labs) + suffix
+
+    mp.setattr(grade_module, "kit_digest", digest)
+    mp.setattr(runner, "boot_files", boot_files)
+
+
 @pytest.fixture(scope="session")
 def grader(tmp_path_factory, reachable_tmp):
     g = Grader(reachable_dir(reachable_tmp, "grading"), LABS, limits=FAST, log=lambda *_: None)

@@ -19,11 +19,10 @@ import shutil
 
 import pytest
 
-from grader import grade as grade_module
 from grader.grade import Grader
 from grader.sandbox import runner
 
-from .conftest import ALICE, FAST, reachable_dir
+from .conftest import ALICE, FAST, reachable_dir, use_lab_server
 from .test_walls import CM, HONEST, STUB, _mode
 
 ATTACK = """
@@ -114,15 +113,8 @@ def batch(request, reachable_tmp, tmp_path_factory):
             pytest.skip("this kernel gives lab processes no namespaces of their own (the grader says so)")
         mp.setattr(runner, "USE_ZYGOTE", request.param[1])
         tmp = tmp_path_factory.mktemp(f"namespaces-{mode}")
-        original_files, original_digest = runner.boot_files, grade_module.kit_digest
-
-        def digest(labs):  # the patched file lies outside the kit: its own cache, named apart
-            with pytest.MonkeyPatch.context() as inner:
-                inner.setattr(runner, "boot_files", original_files)
-                return original_digest(labs) + "-objects-allowed" + ("" if request.param[1] else "-unfenced")
-
-        mp.setattr(grade_module, "kit_digest", digest)
-        mp.setattr(runner, "boot_files", objects_allowed(tmp, fence=request.param[1]))
+        use_lab_server(mp, objects_allowed(tmp, fence=request.param[1]),
+                       "-objects-allowed" + ("" if request.param[1] else "-unfenced"))
         g = Grader(reachable_dir(reachable_tmp, f"namespaces-{mode}"), ["01"], limits=FAST, log=lambda *_: None)
         (g.out_dir / ".scratch").mkdir(parents=True, exist_ok=True)
         g.prepare()

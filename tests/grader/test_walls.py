@@ -17,11 +17,10 @@ import pytest
 
 from gptkit.testing.layout import KIT_ROOT
 from grader import cli
-from grader import grade as grade_module
 from grader.grade import Grader
 from grader.sandbox import runner, runtime
 
-from .conftest import ALICE, FAST, reachable_dir
+from .conftest import ALICE, FAST, reachable_dir, use_lab_server
 
 CM = "01_causal_mask"
 STUB = (KIT_ROOT / "labs" / CM / "src" / "causal_mask.py").read_text()
@@ -323,15 +322,7 @@ def batch(request, reachable_tmp, tmp_path_factory):
         mode = _mode(request.param[0], mp)
         mp.setattr(runner, "USE_ZYGOTE", request.param[1])
         tmp = tmp_path_factory.mktemp(f"walls-{mode}")
-        original_files, original_digest = runner.boot_files, grade_module.kit_digest
-
-        def digest(labs):  # the patched file lies outside the kit: its own cache, named apart
-            with pytest.MonkeyPatch.context() as inner:
-                inner.setattr(runner, "boot_files", original_files)
-                return original_digest(labs) + "-no-audit-hook"
-
-        mp.setattr(grade_module, "kit_digest", digest)
-        mp.setattr(runner, "boot_files", without_audit_hook(tmp))
+        use_lab_server(mp, without_audit_hook(tmp), "-no-audit-hook")
         out = reachable_dir(reachable_tmp, f"walls-{mode}")
         g = Grader(out, ["01"], limits=FAST, log=lambda *_: None)
         assert g.isolation == ("bwrap" if mode == "bwrap" else "rlimits")
