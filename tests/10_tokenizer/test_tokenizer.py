@@ -235,16 +235,37 @@ def test_train_bpe_vocab_size_gives_the_number_of_merges():
 
 def test_train_bpe_never_merges_across_pre_tokens():
     vocab, merges = T.train_bpe("ab ab ab ab!! ab.", 256 + 8)
+    pieces = {"ab", " ab", "!!", "."}
+    allowed = {p.encode()[i:j] for p in pieces for i in range(len(p)) for j in range(i + 1, len(p) + 1)}
+    bad = [a + b for a, b in _as_merges(merges) if a + b not in allowed]
+    assert not bad, f"train_bpe('ab ab ab ab!! ab.', vocab_size=264) merged {bad[0]!r}, which crosses a pre-token " \
+                    "boundary: pairs are counted within each pre-token of GPT-2's pattern, never across"
     learned = {a + b for a, b in _as_merges(merges)}
     assert {b"ab", b"!!"} <= learned, (
         f"train_bpe('ab ab ab ab!! ab.', vocab_size=264) learned {sorted(learned)}: the pairs inside the pre-tokens, "
         "(a, b) five times and (!, !) once, must be merged (a vocabulary of 264 asks for up to 8 merges; fewer only "
         "when no pair is left)")
-    pieces = {"ab", " ab", "!!", "."}
-    allowed = {p.encode()[i:j] for p in pieces for i in range(len(p)) for j in range(i + 1, len(p) + 1)}
-    bad = [a + b for a, b in _as_merges(merges) if a + b not in allowed]
-    assert not bad, f"train_bpe merged {bad[0]!r}, which crosses a pre-token boundary: pairs are counted " \
-                    "within each pre-token of GPT-2's pattern, never across"
+
+
+def test_train_bpe_stops_when_no_pair_is_left():
+    # "ab ab" holds (a, b) twice and then (' ', ab) once: two merges, however many are asked for.
+    with explains_errors("train_bpe('ab ab', vocab_size=267, <|endoftext|>)",
+                         "once no pair is left (every count 0), stop: a pair whose count fell to 0 is no candidate"):
+        vocab, merges = T.train_bpe("ab ab", 256 + 1 + 10, [EOT])
+    _assert_merges(merges, [(b"a", b"b"), (b" ", b"ab")], "train_bpe('ab ab', vocab_size=267, <|endoftext|>)",
+                   "Fewer merges than asked for only when no pair is left: once every pre-token is one token, "
+                   "stop (a pair whose count has fallen to 0 is no pair: never merge it)")
+    assert len(vocab) == 256 + 2 + 1 and vocab[258] == EOT.encode(), (
+        f"train_bpe('ab ab', vocab_size=267, <|endoftext|>) learned 2 merges: the vocabulary is the 256 bytes, the "
+        f"2 merges and <|endoftext|> at id 258, {259} tokens; got {len(vocab)} tokens")
+
+
+def test_train_bpe_weights_pairs_by_how_often_each_pre_token_occurs():
+    # " ab" occurs three times: (a, b) is counted 3 + 1 = 4 times, more than (q, r)'s 2 in " qrqr".
+    _, merges = T.train_bpe("ab ab ab ab qrqr", 257)
+    _assert_merges(merges, [(b"a", b"b")], "train_bpe('ab ab ab ab qrqr', 257)",
+                   "A pair's count is summed over every occurrence of every pre-token (each distinct pre-token "
+                   "weighted by how often it occurs)")
 
 
 def test_train_bpe_never_merges_into_special_tokens():
@@ -267,14 +288,6 @@ def test_train_bpe_cuts_special_tokens_out_of_the_corpus():
         f"train_bpe(q<|endoftext|>q<|endoftext|>q) learned {[a + b for a, b in _as_merges(merges)]}: the special "
         "token is cut out of the corpus and splits it, so no pair is left (no merge at all): never merge the "
         "special token's bytes, nor the text on its two sides")
-
-
-def test_train_bpe_weights_pairs_by_how_often_each_pre_token_occurs():
-    # " ab" occurs three times: (a, b) is counted 3 + 1 = 4 times, more than (q, r)'s 2 in " qrqr".
-    _, merges = T.train_bpe("ab ab ab ab qrqr", 257)
-    _assert_merges(merges, [(b"a", b"b")], "train_bpe('ab ab ab ab qrqr', 257)",
-                   "A pair's count is summed over every occurrence of every pre-token (each distinct pre-token "
-                   "weighted by how often it occurs)")
 
 
 def test_train_bpe_counts_overlapping_pairs():
@@ -322,19 +335,6 @@ def test_train_bpe_lays_the_vocabulary_out_as_gpt2():
 
     with raises_clearly(ValueError, when="train_bpe with vocab_size=256 and one special token", mentions="vocab_size"):
         T.train_bpe("abc", 256, [EOT])
-
-
-def test_train_bpe_stops_when_no_pair_is_left():
-    # "ab ab" holds (a, b) twice and then (' ', ab) once: two merges, however many are asked for.
-    with explains_errors("train_bpe('ab ab', vocab_size=267, <|endoftext|>)",
-                         "once no pair is left (every count 0), stop: a pair whose count fell to 0 is no candidate"):
-        vocab, merges = T.train_bpe("ab ab", 256 + 1 + 10, [EOT])
-    _assert_merges(merges, [(b"a", b"b"), (b" ", b"ab")], "train_bpe('ab ab', vocab_size=267, <|endoftext|>)",
-                   "Fewer merges than asked for only when no pair is left: once every pre-token is one token, "
-                   "stop (a pair whose count has fallen to 0 is no pair: never merge it)")
-    assert len(vocab) == 256 + 2 + 1 and vocab[258] == EOT.encode(), (
-        f"train_bpe('ab ab', vocab_size=267, <|endoftext|>) learned 2 merges: the vocabulary is the 256 bytes, the "
-        f"2 merges and <|endoftext|> at id 258, {259} tokens; got {len(vocab)} tokens")
 
 
 RECOUNT = ("After each merge the pair counts must be those of a recount from scratch: the words that held the "

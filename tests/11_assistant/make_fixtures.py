@@ -302,7 +302,8 @@ def _grpo_inputs(rng):
                                  [0.7, 1.4, 0.93, 1.0, 0.75, 1.35], [1.3, 0.65, 1.13, 1.45, 0.87, 0.77]]))
     logp_old = (logp - log_ratio).astype(np.float32)
     logp_ref = (logp + rng.normal(0, 0.4, (B, L))).astype(np.float32)
-    advantages = np.array([1.2, -0.8, 0.5, -1.5], np.float32)
+    # 1.6 lies beyond 1 + ε: a clip applied to the advantage changes the loss there (elsewhere it does not)
+    advantages = np.array([1.6, -0.8, 0.5, -1.5], np.float32)
     mask = np.array([[False, True, True, True, True, True], [False, False, True, True, False, False],
                      [True, True, True, True, True, True], [False, True, True, True, True, False]])
     return logp, logp_old, logp_ref, advantages, mask

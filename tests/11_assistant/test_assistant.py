@@ -652,6 +652,13 @@ ADVANTAGE_HINT = ("within each prompt's group (a row): (r − the group's mean) 
 def test_group_advantages_match_the_formula():
     f = load_fixture(LAB, "advantages")
     got = A.group_advantages(f["rewards"])
+    rewards, values = f["rewards"], np.asarray(got)
+    equal = [p for p in range(len(rewards)) if (rewards[p] == rewards[p, 0]).all()]
+    broken = [p for p in equal if values.shape == rewards.shape and values.dtype.kind == "f"
+              and not np.isfinite(values[p]).all()]
+    assert not broken, (f"group_advantages: NaN or inf in group {broken[0]}, whose rewards are all "
+                        f"{float(rewards[broken[0], 0]):g}: a group whose rewards are all equal gets 0 (its std is 0, "
+                        "and (r − mean) / std is 0 / 0 there): divide by std + eps and set such a group to 0")
     assert_close(got, f["advantages"], atol=1e-5, what=f"group_advantages of {f['rewards'].tolist()}",
                  diagnoses=stored_diagnoses(f, "advantages"), hint=ADVANTAGE_HINT)
     assert_float32(got, "group_advantages")

@@ -152,11 +152,12 @@ def test_no_test_reads_back_the_arguments_it_passed(tmp_path):
                      f"before the call): {', '.join(bad)}")
 
 
-# Impostors written against labs 10 and 11: the reference with one task faked so that a
+# Impostors written against labs 10, 11 and 12: the reference with one task faked so that a
 # property, count or starting-value test still holds. Each may earn the points of the
 # tests it really does (`earns`: name prefixes), never those of the task it fakes.
 TOKENIZER = "tokenizer.py"
 ASSISTANT = "assistant.py"
+INFERENCE = "inference.py"
 IMPOSTORS = {
     "a byte-for-byte tokenizer: no merges learned or applied, GPT-2's files never read": (
         "10_tokenizer", (
@@ -181,6 +182,31 @@ IMPOSTORS = {
             Edit(ASSISTANT, "    dobjective = np.where(clip_active, 0.0, ratio * A) - kl_coef * (1.0 - np.exp(d))\n",
                  "    dobjective = ratio * A\n"),
         ), "grpo or kl_k3 or identical_policy or zero_advantage_gives", ()),
+    "lab 06's greedy generate as speculative greedy decoding, its statistics made up from k": (
+        "12_inference", (
+            Edit(INFERENCE, "    eos = _check_eos(eos, target.vocab_size)\n    ### BEGIN SOLUTION prefill all but the last token;",
+                 "    eos = _check_eos(eos, target.vocab_size)\n"
+                 "    from generation import generate\n"
+                 "    tokens = generate(target, prompt[None], max_new_tokens, temperature=0.0, eos_token_id=eos)[0]\n"
+                 "    m = len(tokens) - len(prompt)\n"
+                 "    return tokens, {\"proposed\": m - -(-m // (k + 1)), \"accepted\": m - -(-m // (k + 1)),"
+                 " \"rounds\": -(-m // (k + 1))}\n"
+                 "    ### BEGIN SOLUTION prefill all but the last token;"),
+        ), "speculative_greedy or speculative_counts", ()),
+    "untiled attention (the whole T × S score matrix) reporting its tiles by a formula": (
+        "12_inference", (
+            Edit(INFERENCE, "    lead = q.shape[:-2]\n    dtype = np.result_type(q, k, v)\n",
+                 "    scores = (q @ np.swapaxes(k, -1, -2)) / math.sqrt(q.shape[-1])\n"
+                 "    scores[..., np.arange(S)[None, :] > (S - T + np.arange(T))[:, None]] = -np.inf\n"
+                 "    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))\n"
+                 "    whole = ((weights / weights.sum(axis=-1, keepdims=True)) @ v).astype(np.result_type(q, k, v))\n"
+                 "    rows, cols = -(-T // block_q), -(-S // block_k)\n"
+                 "    seen = sum(min(cols, (S - T + min((i + 1) * block_q, T) - 1) // block_k + 1) for i in range(rows))\n"
+                 "    return (whole, {\"tiles_total\": rows * cols, \"tiles_visited\": seen}) if return_stats else whole\n"
+                 "    lead = q.shape[:-2]\n    dtype = np.result_type(q, k, v)\n"),
+        ), "tiled or tiles", ("test_tiled_attention_matches", "test_tiled_attention_any_tiles",
+                              "test_tiled_attention_when_every", "test_tiled_attention_is_float32",
+                              "test_tiled_attention_keeps_float64")),
 }
 
 
