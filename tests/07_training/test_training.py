@@ -767,6 +767,8 @@ def test_loss_with_dropout_is_the_loss_of_the_forward():
     assert_close(np.float64(loss), _ce64(dropped, y), atol=1e-9,
                  what="loss_and_grads(…, rng=default_rng(5)) vs the cross-entropy of "
                       "gpt_forward(…, rng=default_rng(5))",
+                 diagnoses={"the loss without dropout: loss_and_grads did not pass its rng on to gpt_forward":
+                            np.float64(_ce64(plain, y))},
                  hint=f"loss_and_grads passes its rng on to gpt_forward, so that dropout runs in training (the "
                       f"loss without dropout is {_ce64(plain, y):.6f})")
 
@@ -784,7 +786,9 @@ def test_forward_keeps_nothing_on_the_model():
     model = _model(fixture_params(f))
     ids = f["ids"]
     x, y = ids[:, :-1], ids[:, 1:]
+    before = _attribute_names(model)
     logits, cache = S.gpt_forward(model, x)
+    kept = sorted(_attribute_names(model) - before)
     S.gpt_forward(model, np.ascontiguousarray(x[::-1, ::-1]))  # another batch, before this one's backward
     _, dlogits = S.softmax_cross_entropy(logits, y)
     grads = S.gpt_backward(model, cache, dlogits)
@@ -794,8 +798,21 @@ def test_forward_keeps_nothing_on_the_model():
         assert_close(grads[name], expected[name], atol=2e-5 * scale + 1e-7, rtol=1e-3,
                      what=f"the gradient of {name} when another gpt_forward ran between this batch's forward and "
                           "its backward",
+                     locate=lambda: kept and (f"the first forward kept {', '.join(kept[:3])} on the model, which "
+                                              "the second forward overwrote before this backward read it"),
                      hint="gpt_forward keeps nothing on the model: what a backward needs goes in the cache it "
                           "returns, so that two batches (the trainer's shards) can run at once")
+
+
+def _attribute_names(layer, path="model"):
+    """Every attribute of ``layer`` and of the layers it holds (in lists too), as "path.name"."""
+    names = set()
+    for key, value in vars(layer).items():
+        names.add(f"{path}.{key}")
+        for i, item in enumerate(value if isinstance(value, list) else [value]):
+            if isinstance(item, Layer):
+                names |= _attribute_names(item, f"{path}.{key}" + (f"[{i}]" if isinstance(value, list) else ""))
+    return names
 
 
 def test_train_step_with_clipping_matches_pytorch():
@@ -853,9 +870,16 @@ def test_train_step_without_max_norm_or_lr():
         f"train_step without max_norm returned the norm {norm:.6g}; the gradients' global norm is {want:.6g} "
         "(nothing is clipped when max_norm is not given)")
     assert opt.lr == 0.01, f"train_step without lr changed the optimizer's lr to {opt.lr}"
+    clipped = {}  # what a step with the gradients clipped to a norm of 1.0 gives (a default where there is none)
+    if want > 1.0:
+        clipped_model = _model(fixture_params(f))
+        S.AdamW(clipped_model, **kw).step({k: g * (1.0 / (want + 1e-6)) for k, g in grads.items()})
+        clipped = clipped_model.state_dict()
     for name, value in by_hand.state_dict().items():
         assert_close(stepped.state_dict()[name], value, atol=1e-6, rtol=1e-4,
                      what=f"{name} after train_step(model, opt, x, y) vs loss_and_grads then opt.step (no clipping)",
+                     diagnoses={"a step with the gradients clipped to a norm of 1.0: without max_norm nothing is "
+                                "clipped": clipped[name]} if name in clipped else None,
                      hint="without max_norm the gradients go to the optimizer as they are, at the optimizer's own lr")
 
 
