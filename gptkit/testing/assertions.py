@@ -75,6 +75,18 @@ def mismatch_summary(actual: np.ndarray, expected: np.ndarray, atol: float, rtol
     )
 
 
+def _matching(arr: np.ndarray, diagnoses: Mapping[str, np.ndarray] | None, atol: float, rtol: float) -> list[str]:
+    """The labels of the ``diagnoses`` whose output ``arr`` matches (same shape, within the
+    comparison's tolerance), in the order given."""
+    found = []
+    for label, candidate in (diagnoses or {}).items():
+        candidate = np.asarray(candidate)
+        if candidate.shape == arr.shape and arr.dtype.kind in "fiub" and candidate.dtype.kind in "fiub" \
+                and mismatch_summary(arr, candidate, atol, rtol) is None:
+            found.append(label)
+    return found
+
+
 def assert_close(
     actual,
     expected,
@@ -96,8 +108,10 @@ def assert_close(
     __tracebackhide__ = True
     arr = _as_array(actual, what)
     expected = np.asarray(expected)
-    if arr.shape != expected.shape:
-        raise AssertionError(f"{what}: expected shape {expected.shape}, got {arr.shape}")
+    if arr.shape != expected.shape:  # a known mistake can change the shape too (a weight left untransposed)
+        named = "".join(f"Your result matches {label}. " for label in _matching(arr, diagnoses, atol, rtol)[:1])
+        raise AssertionError(f"{what}: {named}expected shape {expected.shape}, got {arr.shape}"
+                             + (f". {hint}" if hint else ""))
     if arr.dtype.kind not in "fiub":
         raise AssertionError(f"{what}: expected a numeric array, got dtype {arr.dtype}")
     finite_expected = np.isfinite(expected)
@@ -115,12 +129,7 @@ def assert_close(
     if summary is None:
         return
     # The diagnosis first, then where it departs, then the numbers, then the hint.
-    named = []
-    for label, candidate in (diagnoses or {}).items():
-        candidate = np.asarray(candidate)
-        if candidate.shape == arr.shape and mismatch_summary(arr, candidate, atol, rtol) is None:
-            named.append(f"Your result matches {label}")
-            break
+    named = [f"Your result matches {label}" for label in _matching(arr, diagnoses, atol, rtol)[:1]]
     if locate is not None:
         try:
             where = locate()

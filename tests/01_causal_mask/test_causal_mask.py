@@ -163,10 +163,10 @@ def test_softmax_keeps_float32():
 
 # --- scaled dot-product attention ------------------------------------------------------
 
-def _naive(q, k, v, mask, scale):
+def _naive(q, k, v, mask, scale, fill=-np.inf):
     s = (q.astype(np.float64) @ np.swapaxes(k, -1, -2)) * scale
     if mask is not None:
-        s = np.where(mask, s, -np.inf)
+        s = np.where(mask, s, fill)  # fill: what blocked scores become
     w = np.exp(s - s.max(-1, keepdims=True))
     w /= w.sum(-1, keepdims=True)
     return w @ v, w
@@ -188,6 +188,9 @@ def test_attention_matches_reference():
                  diagnoses={
                      "softmax(q·kᵀ) with no 1/√d scaling": _naive(q, k, v, mask, 1.0)[1],
                      "scores scaled by 1/d instead of 1/√d": _naive(q, k, v, mask, 1 / d)[1],
+                     "scores multiplied by √d instead of divided by it (1/√d)": _naive(q, k, v, mask, math.sqrt(d))[1],
+                     "blocked scores set to 0 instead of -inf: every future key still gets weight e⁰/Σ":
+                         _naive(q, k, v, mask, 1 / math.sqrt(d), fill=0.0)[1],
                      "attention with the mask ignored": _naive(q, k, v, None, 1 / math.sqrt(d))[1],
                      "the mask applied after the softmax: blocked weights zeroed, so rows no longer sum to 1, "
                      "where the mask belongs before the softmax":
@@ -223,7 +226,8 @@ def test_attention_scale_uses_sqrt_of_head_width():
     rng = np.random.default_rng(7)
     q, k, v = (rng.normal(size=(1, 4, 64)).astype(np.float32) for _ in range(3))
     expected = _naive(q, k, v, None, 1 / 8.0)[1].astype(np.float32)
-    diagnoses = {"no scaling": _naive(q, k, v, None, 1.0)[1], "scaling by 1/d": _naive(q, k, v, None, 1 / 64)[1]}
+    diagnoses = {"no scaling": _naive(q, k, v, None, 1.0)[1], "scaling by 1/d": _naive(q, k, v, None, 1 / 64)[1],
+                 "scores multiplied by √d instead of divided by it (1/√d)": _naive(q, k, v, None, 8.0)[1]}
     _, w = cm.scaled_dot_product_attention(q.copy(), k.copy(), v.copy())
     assert_close(w, expected, what="attention weights for d=64", rtol=1e-3, diagnoses=diagnoses,
                  hint="divide the scores by √d = 8, where d is the width of q and k")

@@ -120,9 +120,23 @@ def test_sinusoidal_encoding_matches_reference():
     swapped = np.empty((50, 16)); swapped[:, 0::2] = np.cos(ang); swapped[:, 1::2] = np.sin(ang)
     wrong_rate = np.empty((50, 16)); a2 = pos / 10000 ** (i / 16)
     wrong_rate[:, 0::2] = np.sin(a2); wrong_rate[:, 1::2] = np.cos(a2)
+    def table(a):  # sin of angles a on the even columns, cos on the odd
+        t = np.empty((50, 16))
+        t[:, 0::2], t[:, 1::2] = np.sin(a), np.cos(a)
+        return t
+
+    j = np.arange(16)[None, :]
+    own_rate = np.where(j % 2 == 0, np.sin(pos / 10000 ** (j / 16)), np.cos(pos / 10000 ** (j / 16)))
     assert_close(pe, f["pe_50_16"], what="sinusoidal_positional_encoding(50, 16)", atol=1e-5,
                  diagnoses={"cos on even columns and sin on odd (swapped)": swapped,
-                            "angles pos/10000^(i/D) instead of pos/10000^(2i/D)": wrong_rate},
+                            "angles pos/10000^(i/D) instead of pos/10000^(2i/D)": wrong_rate,
+                            "angles pos/10000^(4i/D) (2i doubled again) instead of pos/10000^(2i/D)":
+                                table(pos / 10000 ** (4 * i / 16)),
+                            "angles pos·10000^(2i/D), multiplied instead of divided by 10000^(2i/D)":
+                                table(pos * 10000 ** (2 * i / 16)),
+                            "angles pos/1000^(2i/D): the base is 10000, pos/10000^(2i/D)": table(pos / 1000 ** (2 * i / 16)),
+                            "each column its own rate, pos/10000^(j/D) for column j: columns 2i and 2i+1 share "
+                            "the angle pos/10000^(2i/D)": own_rate},
                  hint="column 2i is sin(pos/10000^(2i/D)), column 2i+1 is cos of the same angle")
     assert_float32(pe, "sinusoidal_positional_encoding")
 

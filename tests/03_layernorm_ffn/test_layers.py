@@ -64,6 +64,12 @@ def _ln_variants(x, w, b, eps):
         "the unbiased variance (divided by D-1)": (x - mu) / np.sqrt(x.var(-1, ddof=1, keepdims=True) + eps) * w + b,
         "eps added outside the square root": (x - mu) / (np.sqrt(x.var(-1, keepdims=True)) + eps) * w + b,
         "normalisation without gain and shift": (x - mu) / np.sqrt(x.var(-1, keepdims=True) + eps),
+        "the gain without the shift (+ bias missing)": (x - mu) / np.sqrt(x.var(-1, keepdims=True) + eps) * w,
+        "the shift without the gain (· weight missing)": (x - mu) / np.sqrt(x.var(-1, keepdims=True) + eps) + b,
+        "a LayerNorm without eps, (x − mean) / √var: eps goes inside the square root":
+            (x - mu) / np.sqrt(x.var(-1, keepdims=True)) * w + b,
+        "the unbiased variance (divided by D-1) with eps outside the square root":
+            (x - mu) / (np.sqrt(x.var(-1, ddof=1, keepdims=True)) + eps) * w + b,
     }
 
 
@@ -111,7 +117,9 @@ def test_gelu_is_the_tanh_form():
     y = L.gelu(x.copy())
     assert_close(y, f["tanh"], what="gelu(x) for x in [-4, 4]", atol=2e-6, rtol=1e-5,
                  diagnoses={"the exact erf form: GPT-2 uses the tanh approximation here": f["exact"],
-                            "ReLU": np.maximum(x, 0)},
+                            "ReLU": np.maximum(x, 0),
+                            "the sigmoid approximation x·σ(1.702·x): GPT-2 uses the tanh approximation here":
+                                np.float64(x) / (1 + np.exp(-1.702 * np.float64(x)))},
                  hint="gelu(x) = 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))")
     assert_float32(y, "gelu output")
 
@@ -176,8 +184,10 @@ def test_dropout_in_training_zeroes_p_and_rescales(p):
     )
     kept = y[y != 0]
     wrong = {"survivors left as they were, not scaled by 1/(1-p)": np.full_like(kept, 3.0)}
-    if p != 0.5:  # at p = 0.5, 1/p is 1/(1-p)
+    if p != 0.5:  # at p = 0.5, 1/p is 1/(1-p) and p is 1 - p
         wrong["survivors scaled by 1/p instead of 1/(1-p)"] = np.full_like(kept, 3.0 / p)
+        wrong["survivors scaled by p instead of 1/(1-p)"] = np.full_like(kept, 3.0 * p)
+    wrong["survivors multiplied by (1-p) instead of divided by it: 1/(1-p)"] = np.full_like(kept, 3.0 * (1 - p))
     assert_close(kept, np.full_like(kept, 3.0 / (1 - p)), what=f"surviving elements of Dropout({p})", diagnoses=wrong,
                  hint="inverted dropout scales the survivors by 1/(1-p) so the expected value is unchanged")
 

@@ -41,12 +41,13 @@ def _model(case="model", dropout=0.1):
     return set_parameters(model, p, f"GPTModel(vocab_size={V}, d_model={Dm}, num_layers={layers})"), f
 
 
-def _matches_reference(out, f, key, output_name, *, what, hint, locate=None, atol=1e-5, rtol=1e-4):
+def _matches_reference(out, f, key, output_name, *, what, hint, locate=None, atol=1e-5, rtol=1e-4, mistakes=None):
     """``out`` must match the fixture's ``f[key]`` (naming the catalogued mistake it matches,
-    if any, and with ``locate`` the first place that differs) and be float32."""
+    or one of ``mistakes``, {label: what that mistake outputs}, and with ``locate`` the
+    first place that differs) and be float32."""
     __tracebackhide__ = True
-    assert_close(out, f[key], what=what, diagnoses=stored_diagnoses(f, key), hint=hint, locate=locate, atol=atol,
-                 rtol=rtol)
+    assert_close(out, f[key], what=what, diagnoses={**stored_diagnoses(f, key), **(mistakes or {})}, hint=hint,
+                 locate=locate, atol=atol, rtol=rtol)
     assert_float32(out, output_name)
 
 
@@ -97,8 +98,20 @@ def test_attend_matches_reference():
     assert_close(layer.attend(f["q"], f["k"], f["v"]), out, what="attend(q, k, v) called twice in eval mode",
                  hint="the same inputs gave different outputs: dropout is active in eval mode, where it must be "
                       "the identity")
+    q, k, v = (np.float64(f[n]) for n in "qkv")
+    T, d_head = q.shape[-2], q.shape[-1]
+
+    def scaled(scale):  # causal attention with the scores multiplied by scale
+        s = np.where(np.tril(np.ones((T, T), bool)), q @ k.swapaxes(-1, -2) * scale, -np.inf)
+        w = np.exp(s - s.max(-1, keepdims=True))
+        return w / w.sum(-1, keepdims=True) @ v
+
     _matches_reference(out, f, "out", "attend output",
                        what="attend(q, k, v) for 3 heads of width 4, T = S = 7",
+                       mistakes={"scores scaled by 1/√d_model (d_model = 12) instead of 1/√d_head": scaled(12 ** -0.5),
+                                 "scores scaled by 1/d_head instead of 1/√d_head": scaled(1 / d_head),
+                                 "scores not scaled: divide q·kᵀ by √d_head": scaled(1.0),
+                                 "scores multiplied by √d_head instead of divided by it": scaled(d_head ** 0.5)},
                        hint="softmax(q·kᵀ/√d_head + causal mask) @ v, for every batch row and head at once")
 
 
@@ -156,10 +169,27 @@ def test_attend_never_looks_at_future_keys(t, seed):
 
 # --- MultiHeadAttention -------------------------------------------------------------------------
 
+def _mha_with_blocks(f, order):
+    """MultiHeadAttention(12, 3) of the fixture in float64, with c_attn's three blocks of
+    width D read as q, k, v in ``order`` (the names of the blocks it takes for q, k, v)."""
+    p = fixture_params(f)
+    x = np.float64(f["x"])
+    B, T, Dm = x.shape
+    blocks = dict(zip("qkv", np.split(x @ p["c_attn.weight"] + p["c_attn.bias"], 3, axis=-1)))
+    q, k, v = (blocks[name].reshape(B, T, H, Dm // H).transpose(0, 2, 1, 3) for name in order)
+    s = np.where(np.tril(np.ones((T, T), bool)), q @ k.swapaxes(-1, -2) / np.sqrt(Dm // H), -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    out = (w / w.sum(-1, keepdims=True) @ v).transpose(0, 2, 1, 3).reshape(B, T, Dm)
+    return out @ p["c_proj.weight"] + p["c_proj.bias"]
+
+
 def test_multi_head_attention_matches_reference():
     layer, f = _mha()
+    orders = ("qvk", "kqv", "kvq", "vqk", "vkq")
     _matches_reference(layer(f["x"]), f, "out", "MultiHeadAttention output",
                        what="MultiHeadAttention(12, 3) on x (2, 6, 12)",
+                       mistakes={f"c_attn's blocks taken in the wrong order ({', '.join(o)} as q, k, v): GPT-2 "
+                                 "stores q's block first, then k's, then v's": _mha_with_blocks(f, o) for o in orders},
                        hint="c_attn → split into q, k, v (blocks of width D) → split_heads → attend → "
                             "merge_heads → c_proj")
 
@@ -181,10 +211,35 @@ def test_multi_head_attention_rejects_bad_input():
 
 # --- TransformerBlock -------------------------------------------------------------------------
 
+BLOCK_WIRINGS = {  # how a sub-layer f with its LayerNorm n joins the stream x
+    "pre-norm, x + f(n(x))": lambda x, f, n: x + f(n(x)),
+    "post-norm, n(x + f(x))": lambda x, f, n: n(x + f(x)),
+    "no residual, f(n(x))": lambda x, f, n: f(n(x)),
+}
+
+
+def _rewired_block(block, x):
+    """{what a block wired another way outputs: its output}, from the block's own sub-layers:
+    every pair of wirings of (attention, MLP) but GPT-2's pre-norm pair."""
+    found = {}
+    for a_label, a_wire in BLOCK_WIRINGS.items():
+        for m_label, m_wire in BLOCK_WIRINGS.items():
+            if a_label == m_label == "pre-norm, x + f(n(x))":
+                continue
+            try:
+                out = m_wire(a_wire(x, block.attn, block.ln_1), block.mlp, block.ln_2)
+            except Exception:  # noqa: BLE001 - a diagnosis must never hide the failure it explains
+                continue
+            where = (f"{a_label} around both sub-layers" if a_label == m_label
+                     else f"{a_label} around the attention and {m_label} around the MLP")
+            found[f"{where}: GPT-2's blocks are pre-norm with a residual around each sub-layer"] = out
+    return found
+
+
 def test_block_matches_reference():
     block, f = _block()
     _matches_reference(block(f["x"]), f, "out", "TransformerBlock output",
-                       what="TransformerBlock(12, 3, 20) on x (2, 6, 12)",
+                       what="TransformerBlock(12, 3, 20) on x (2, 6, 12)", mistakes=_rewired_block(block, f["x"]),
                        hint="pre-norm: x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))")
 
 

@@ -441,7 +441,19 @@ def test_cross_entropy_matches_torch():
     with explains_errors("cross_entropy(..., ignore_index=-100)",
                          "targets equal to ignore_index are not token ids: leave them out before indexing"):
         loss = S.cross_entropy(f["logits"], f["targets_ignoring"], ignore_index=-100)
+    z = np.float64(f["logits"])
+    z = z - z.max(-1, keepdims=True)
+    t = np.asarray(f["targets_ignoring"])
+    valid = t != -100
+    nll = -np.take_along_axis(z - np.log(np.exp(z).sum(-1, keepdims=True)), np.where(valid, t, 0)[..., None], -1)[..., 0]
+    rows = valid.any(-1)
+    averaged = {"each row's mean over its counted tokens, then the mean of the rows: the mean is over the counted "
+                "tokens of all rows together (a row with more tokens counts more)":
+                np.float64((np.where(valid, nll, 0).sum(-1)[rows] / valid.sum(-1)[rows]).mean()),
+                "the ignored targets left out of the sum but counted in the mean's denominator: the mean is over "
+                "the other tokens": np.float64(np.where(valid, nll, 0).sum() / t.size)}
     assert_close(np.asarray(loss), _scalar(f["ce_ignoring"]), what="cross_entropy(..., ignore_index=-100) vs torch",
+                 diagnoses=averaged,
                  hint="targets equal to ignore_index count for nothing: the mean is over the other tokens")
 
 
@@ -495,8 +507,20 @@ def test_next_token_loss_matches_huggingface():
     model = _model()
     f = load_fixture(LAB, "loss")
     loss = S.next_token_loss(model, f["full"])
+    ids, logits = f["full"], np.float64(model(f["full"]))
+
+    def ce(z, t):  # the mean cross-entropy of logits z against targets t
+        z = z - z.max(-1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+        return np.float64(-np.take_along_axis(logp, t[..., None], -1).mean())
+
+    shifts = {"no shift: position t's logits scored against token t, where they predict token t + 1":
+              ce(logits, ids),
+              "the shift the wrong way round (logits[:, 1:] against token_ids[:, :-1])": ce(logits[:, 1:], ids[:, :-1]),
+              "a shift by two (logits[:, :-2] against token_ids[:, 2:]): the logits at t score token t + 1":
+              ce(logits[:, :-2], ids[:, 2:])}
     assert_close(np.asarray(loss), _scalar(f["loss_full"]), what="next_token_loss vs HuggingFace model(ids, labels=ids).loss",
-                 diagnoses={label: _scalar(v) for label, v in stored_diagnoses(f, "loss_full").items()},
+                 diagnoses={**{label: _scalar(v) for label, v in stored_diagnoses(f, "loss_full").items()}, **shifts},
                  hint="cross_entropy(logits[:, :-1], token_ids[:, 1:])")
     assert_float32(loss, "next_token_loss")
 
@@ -569,7 +593,8 @@ def _locate(model, f):
 def test_cached_logits_equal_the_full_forward_pass():
     model = _model()
     f = load_fixture(LAB, "cache")
-    outs, _ = _cached_logits(model, f, S.KVCache(model, 3))
+    outs, lengths = _cached_logits(model, f, S.KVCache(model, 3))
+    _check_lengths(lengths, f)  # a wrong length misplaces every later call: say so before the logits
     for out, n in zip(outs, f["chunks"].tolist()):
         assert isinstance(out, np.ndarray) and out.shape == (3, n, V), (
             f"forward_with_cache on (3, {n}) new tokens must return logits (3, {n}, {V}), got "
@@ -599,6 +624,12 @@ def test_cache_length_advances():
     cache = S.KVCache(model, 3)
     assert cache.length == 0, "a new KVCache starts with length 0"
     _, lengths = _cached_logits(model, f, cache)
+    _check_lengths(lengths, f)
+
+
+def _check_lengths(lengths, f):
+    """cache.length after each call of ``_cached_logits``: the number of tokens fed so far."""
+    __tracebackhide__ = True
     expected = np.cumsum(f["chunks"]).tolist()
     assert lengths == expected, (
         f"after calls with {f['chunks'].tolist()} new tokens, cache.length must be {expected}; got {lengths}: "

@@ -354,6 +354,44 @@ def test_model_gradients_match_huggingface():
         assert_float32(grads[name], f"the gradient of {name}")
 
 
+ADAMW_MISTAKES = {  # what each mistake changes in the update (keyword arguments of _adamw_trajectory)
+    "Adam without the bias correction of v (v̂ = v / (1 − β₂ᵗ)): the first steps are too large": {"correct_v": False},
+    "Adam without the bias correction of m (m̂ = m / (1 − β₁ᵗ)): the first steps are too small": {"correct_m": False},
+    "Adam without bias correction of m and v": {"correct_m": False, "correct_v": False},
+    "eps inside the square root (√(v̂ + eps)); AdamW adds it outside: √v̂ + eps": {"eps_inside": True},
+    "weight decay with the wrong sign: the weights grew by lr·wd·p instead of shrinking": {"decay": "grow"},
+    "weight decay without the learning rate (p −= wd·p); AdamW decays by lr·wd·p": {"decay": "without_lr"},
+    "weight decay applied after the Adam step; AdamW decays first, then steps": {"decay": "after"},
+    "no weight decay at all: weight_decay was ignored": {"decay": "none"},
+    "L2 regularisation added to the gradient (g + wd·p) instead of AdamW's decoupled decay p −= lr·wd·p":
+        {"decay": "l2"},
+}
+
+
+def _adamw_trajectory(params, grads, steps, lr, betas, eps, wd, *, decay="before", correct_m=True, correct_v=True,
+                      eps_inside=False):
+    """The parameters after each of ``steps`` AdamW steps, in float64, with the update changed
+    as one mistake changes it: what that mistake outputs, whatever code wrote it."""
+    b1, b2 = betas
+    out = {}
+    for name, p0 in params.items():
+        p, m, v, after = np.float64(p0).copy(), 0.0, 0.0, []
+        for t in range(1, steps + 1):
+            g = np.float64(grads[name][t - 1]) + (wd * p if decay == "l2" else 0.0)
+            if decay in ("before", "grow", "without_lr"):
+                p = p + {"before": -lr * wd, "grow": lr * wd, "without_lr": -wd}[decay] * p
+            m = b1 * m + (1 - b1) * g
+            v = b2 * v + (1 - b2) * g * g
+            m_hat = m / (1 - b1 ** t) if correct_m else m
+            v_hat = v / (1 - b2 ** t) if correct_v else v
+            p = p - lr * m_hat / (np.sqrt(v_hat + eps) if eps_inside else np.sqrt(v_hat) + eps)
+            if decay == "after":
+                p = p - lr * wd * p
+            after.append(p)
+        out[name] = np.stack(after)
+    return out
+
+
 def test_adamw_matches_torch_over_many_steps():
     """torch.optim.AdamW, 40 steps, lr 0.05, betas (0.8, 0.95), eps 1e-3, weight decay 0.5."""
     f = load_fixture(LAB, "adamw")
@@ -369,9 +407,12 @@ def test_adamw_matches_torch_over_many_steps():
         for k in params:
             after[k].append(np.array(now[k]))
     assert opt.t == steps, f"AdamW.t must count the steps taken: {steps} steps, t = {opt.t}"
+    settings_ = (steps, float(f["lr"]), tuple(float(b) for b in f["betas"]), float(f["eps"]), float(f["weight_decay"]))
+    mistaken = {label: _adamw_trajectory(params, grads, *settings_, **change) for label, change in ADAMW_MISTAKES.items()}
     for k in sorted(params):
+        found = {**stored_diagnoses(f, f"after.{k}"), **{label: traj[k] for label, traj in mistaken.items()}}
         assert_close(np.stack(after[k]), f[f"after.{k}"], what=f"parameter {k!r} after each of {steps} AdamW steps "
-                     f"vs torch.optim.AdamW", atol=1e-5, rtol=1e-5, diagnoses=stored_diagnoses(f, f"after.{k}"),
+                     f"vs torch.optim.AdamW", atol=1e-5, rtol=1e-5, diagnoses=found,
                      hint="decay first (p −= lr·wd·p), then m, v, their bias corrections, p −= lr·m̂/(√v̂ + eps)")
         assert_float32(np.asarray(opt.params[k]), f"AdamW's parameter {k!r}")
 
@@ -588,9 +629,9 @@ def test_lr_schedule_at_exact_steps():
     kw = dict(max_lr=6e-4, min_lr=6e-5, warmup_steps=10, total_steps=110)
     steps = [0, 1, 4, 9, 10, 11, 35, 60, 109, 110, 111, 500]
 
-    def expected(s, shift=1):
+    def expected(s, shift=1, extra=0):
         if s < 10:
-            return 6e-4 * (s + shift) / 10
+            return 6e-4 * (s + shift) / (10 + extra)
         if s > 110:
             return 6e-5
         return 6e-5 + 0.5 * (6e-4 - 6e-5) * (1 + math.cos(math.pi * (s - 10) / 100))
@@ -601,7 +642,11 @@ def test_lr_schedule_at_exact_steps():
                  what=f"lr_schedule at steps {steps} (max_lr 6e-4, min_lr 6e-5, warm-up 10, total 110)",
                  atol=1e-12, rtol=1e-9,
                  diagnoses={"a warm-up off by one (max_lr · step / warmup_steps): step 0 must already move": np.array(
-                     [expected(s, shift=0) for s in steps])},
+                     [expected(s, shift=0) for s in steps]),
+                     **{f"a warm-up off by one (max_lr · (step{shift:+d}) / (warmup_steps{extra:+d})): step 0 must use "
+                        "max_lr / warmup_steps and the last warm-up step max_lr": np.array(
+                         [expected(s, shift, extra) for s in steps])
+                        for shift in (0, 1, 2) for extra in (-1, 0, 1) if (shift, extra) not in ((1, 0), (0, 0))}},
                  hint="warm-up: max_lr·(step + 1)/warmup_steps for step < warmup_steps; then cosine from max_lr at "
                       "step warmup_steps to min_lr at total_steps; min_lr after")
 
@@ -722,6 +767,8 @@ def test_loss_with_dropout_is_the_loss_of_the_forward():
     assert_close(np.float64(loss), _ce64(dropped, y), atol=1e-9,
                  what="loss_and_grads(…, rng=default_rng(5)) vs the cross-entropy of "
                       "gpt_forward(…, rng=default_rng(5))",
+                 diagnoses={"the loss without dropout: loss_and_grads did not pass its rng on to gpt_forward":
+                            np.float64(_ce64(plain, y))},
                  hint=f"loss_and_grads passes its rng on to gpt_forward, so that dropout runs in training (the "
                       f"loss without dropout is {_ce64(plain, y):.6f})")
 
@@ -739,7 +786,9 @@ def test_forward_keeps_nothing_on_the_model():
     model = _model(fixture_params(f))
     ids = f["ids"]
     x, y = ids[:, :-1], ids[:, 1:]
+    before = _attribute_names(model)
     logits, cache = S.gpt_forward(model, x)
+    kept = sorted(_attribute_names(model) - before)
     S.gpt_forward(model, np.ascontiguousarray(x[::-1, ::-1]))  # another batch, before this one's backward
     _, dlogits = S.softmax_cross_entropy(logits, y)
     grads = S.gpt_backward(model, cache, dlogits)
@@ -749,8 +798,21 @@ def test_forward_keeps_nothing_on_the_model():
         assert_close(grads[name], expected[name], atol=2e-5 * scale + 1e-7, rtol=1e-3,
                      what=f"the gradient of {name} when another gpt_forward ran between this batch's forward and "
                           "its backward",
+                     locate=lambda: kept and (f"the first forward kept {', '.join(kept[:3])} on the model, which "
+                                              "the second forward overwrote before this backward read it"),
                      hint="gpt_forward keeps nothing on the model: what a backward needs goes in the cache it "
                           "returns, so that two batches (the trainer's shards) can run at once")
+
+
+def _attribute_names(layer, path="model"):
+    """Every attribute of ``layer`` and of the layers it holds (in lists too), as "path.name"."""
+    names = set()
+    for key, value in vars(layer).items():
+        names.add(f"{path}.{key}")
+        for i, item in enumerate(value if isinstance(value, list) else [value]):
+            if isinstance(item, Layer):
+                names |= _attribute_names(item, f"{path}.{key}" + (f"[{i}]" if isinstance(value, list) else ""))
+    return names
 
 
 def test_train_step_with_clipping_matches_pytorch():
@@ -808,9 +870,16 @@ def test_train_step_without_max_norm_or_lr():
         f"train_step without max_norm returned the norm {norm:.6g}; the gradients' global norm is {want:.6g} "
         "(nothing is clipped when max_norm is not given)")
     assert opt.lr == 0.01, f"train_step without lr changed the optimizer's lr to {opt.lr}"
+    clipped = {}  # what a step with the gradients clipped to a norm of 1.0 gives (a default where there is none)
+    if want > 1.0:
+        clipped_model = _model(fixture_params(f))
+        S.AdamW(clipped_model, **kw).step({k: g * (1.0 / (want + 1e-6)) for k, g in grads.items()})
+        clipped = clipped_model.state_dict()
     for name, value in by_hand.state_dict().items():
         assert_close(stepped.state_dict()[name], value, atol=1e-6, rtol=1e-4,
                      what=f"{name} after train_step(model, opt, x, y) vs loss_and_grads then opt.step (no clipping)",
+                     diagnoses={"a step with the gradients clipped to a norm of 1.0: without max_norm nothing is "
+                                "clipped": clipped[name]} if name in clipped else None,
                      hint="without max_norm the gradients go to the optimizer as they are, at the optimizer's own lr")
 
 

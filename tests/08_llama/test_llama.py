@@ -58,7 +58,15 @@ def test_rotate_half():
     f = load_fixture(LAB, "rope")
     out = L.rotate_half(f["x"])
     assert_float32(out, "rotate_half")
+    x = np.asarray(f["x"])
+    x1, x2 = x[..., :4], x[..., 4:]
+    interleaved = np.stack([-x[..., 1::2], x[..., 0::2]], axis=-1).reshape(x.shape)
     assert_close(out, f["rotate_half"], what="rotate_half of (2, 3, 6, 8)", atol=0, rtol=0,
+                 diagnoses={"the interleaved form, neighbours 2i and 2i+1 paired (−x_2i+1, x_2i): rotate_half pairs "
+                            "feature i with i + d/2": interleaved,
+                            "the minus sign on the wrong half, (x2, −x1): a rotation the other way":
+                            np.concatenate([x2, -x1], axis=-1),
+                            "the halves swapped without the minus sign, (x2, x1)": np.concatenate([x2, x1], axis=-1)},
                  hint="(x1, x2) → (−x2, x1) with x1 the first half of the last axis, x2 the second")
 
 
@@ -68,7 +76,11 @@ def test_rope_frequencies():
         expected = base ** (-np.arange(0, d, 2) / d)
         assert_close(got, expected, what=f"rope_frequencies({d}, {base})", atol=1e-12, rtol=1e-6,
                      diagnoses={"rotation speeds θ_i = base^(−i/d): the exponent is −2i/d":
-                                base ** (-np.arange(d // 2) / d)},
+                                base ** (-np.arange(d // 2) / d),
+                                "rotation speeds with a positive exponent, base^(+2i/d): θ_i falls from 1 as i grows":
+                                base ** (np.arange(0, d, 2) / d),
+                                "rotation speeds θ_i = base^(−4i/d) (i counted in steps of 2 and doubled again): "
+                                "the exponent is −2i/d": base ** (-2 * np.arange(0, d, 2) / d)},
                      hint="θ_i = base^(−2i/d) for i = 0 … d/2 − 1")
 
 
@@ -153,7 +165,16 @@ def test_rmsnorm_matches_huggingface(which):
     assert_float32(out, "RMSNorm")
     what = ("RMSNorm(eps=1e-5) on inputs of size ~2e-3 (mean square ~4e-6: eps matters)" if which == "small"
             else "RMSNorm on inputs with a mean far from 0")
-    assert_close(out, f[f"out_{which}"], what=what, diagnoses=stored_diagnoses(f, f"out_{which}"),
+    x, w, eps = np.float64(f[which]), np.float64(f["weight"]), float(f["eps"])
+    ms, var = (x * x).mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    mistakes = {"RMSNorm that subtracts the mean (LayerNorm without its bias): RMSNorm divides x itself by the root "
+                "of its mean square": (x - x.mean(-1, keepdims=True)) / np.sqrt(var + eps) * w,
+                "RMSNorm that subtracts the mean inside its statistic (np.var or np.std): it divides x by its standard "
+                "deviation instead of the root of its mean square": x / np.sqrt(var + eps) * w,
+                "RMSNorm with eps outside the square root (sqrt(mean(x²)) + eps)": x / (np.sqrt(ms) + eps) * w,
+                "RMSNorm without eps: x / sqrt(mean(x²)); eps goes inside the square root": x / np.sqrt(ms) * w,
+                "RMSNorm without its gain (weight)": x / np.sqrt(ms + eps)}
+    assert_close(out, f[f"out_{which}"], what=what, diagnoses={**stored_diagnoses(f, f"out_{which}"), **mistakes},
                  atol=1e-5, rtol=1e-4,
                  hint="x / sqrt(mean(x²) + eps) · weight, over the last axis: no mean subtracted, eps inside the root")
 
@@ -193,8 +214,18 @@ def test_swiglu_matches_huggingface():
     f = load_fixture(LAB, "swiglu")
     D, F = f["x"].shape[-1], f["param.gate_proj.weight"].shape[1]
     mlp = _set(L.SwiGLU(D, F, rng=np.random.default_rng(0)), fixture_params(f), "SwiGLU")
+    x, (gate, up, down) = np.float64(f["x"]), (np.float64(f[f"param.{n}_proj.weight"]) for n in ("gate", "up", "down"))
+    silu = lambda a: a / (1 + np.exp(-a))  # noqa: E731
+    mistakes = {"the SiLU on the up branch instead of the gate branch: silu(gate_proj(x))·up_proj(x)":
+                (x @ gate * silu(x @ up)) @ down,
+                "the SiLU on both branches; it goes on the gate branch only, the up branch stays linear":
+                (silu(x @ gate) * silu(x @ up)) @ down,
+                "no SiLU at all; it goes on the gate branch: silu(gate_proj(x))·up_proj(x)": (x @ gate * (x @ up)) @ down,
+                "the SiLU applied after the product, silu(gate·up); it goes on the gate branch alone":
+                silu(x @ gate * (x @ up)) @ down}
     assert_close(mlp(f["x"]), f["out"], what="SwiGLU (gate and up weights differ)",
-                 diagnoses=stored_diagnoses(f, "out"), hint="down_proj(silu(gate_proj(x)) * up_proj(x)), no biases")
+                 diagnoses={**stored_diagnoses(f, "out"), **mistakes},
+                 hint="down_proj(silu(gate_proj(x)) * up_proj(x)), no biases")
 
 
 # --- grouped-query attention -------------------------------------------------------------------------
@@ -357,7 +388,11 @@ def test_cache_stores_rotated_keys():
     block = model.layers[0]
     x = block.input_layernorm(model.embed_tokens(ids))
     _, k, v = block.self_attn.project(x, np.arange(5))
+    moved = {f"the keys rotated to positions {s} … {s + 4}: the first tokens sit at positions 0 … T − 1, cache.length "
+             f"on (an offset off by {s})": block.self_attn.project(x, np.arange(s, s + 5))[1] for s in (1, 2)}
     assert_close(np.asarray(cache.keys[0])[:, :, :5], k, what="cache.keys[0] after 5 tokens",
+                 diagnoses={**moved, "keys stored before their rotation: rotate them to their positions first":
+                            block.self_attn.project(x, np.zeros(5, np.int64))[1]},
                  hint="store the keys already rotated to their positions (project's k)")
     assert_close(np.asarray(cache.values[0])[:, :, :5], v, what="cache.values[0] after 5 tokens")
 

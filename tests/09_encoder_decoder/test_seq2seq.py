@@ -85,8 +85,14 @@ def test_cross_attention_mask_hides_source_padding_only():
     assert got.shape == (3, 1, 3, 5), (
         f"cross_attention_mask(src_keep (3, 5), tgt_len=3) must be (B, 1, T, S) = (3, 1, 3, 5), got {got.shape}: "
         "the query (target) length comes before the key (source) length")
+    pad = np.broadcast_to(keep[:, None, None, :], (3, 1, 3, 5))
     assert_close(got, f["cross"], what="cross_attention_mask for T = 3 queries over S = 5 source keys", atol=0, rtol=0,
-                 diagnoses=stored_diagnoses(f, "cross"),
+                 diagnoses={**stored_diagnoses(f, "cross"),
+                            "a causal mask in the cross-attention (query t sees source keys 0 … t only)":
+                            pad & np.tril(np.ones((3, 5), bool)),
+                            "a causal mask in the cross-attention (aligned to the last source key)":
+                            pad & np.tril(np.ones((3, 5), bool), 2),
+                            "a mask that ignores the source padding (every source key visible)": np.ones((3, 1, 3, 5), bool)},
                  hint="every target query sees every real source token (no causal mask: the source is all "
                       "known) and none of the source padding")
 
@@ -102,8 +108,16 @@ def test_encoder_mask_is_key_padding_without_causality():
 def test_decoder_mask_is_causal_and_hides_target_padding():
     f = load_fixture(LAB, "masks")
     got = np.asarray(M.decoder_mask(f["tgt_keep"]))
+    keep = np.asarray(f["tgt_keep"], bool)
+    causal = np.tril(np.ones((keep.shape[1],) * 2, bool))[None, None]
     assert_close(got, f["decoder"], what="decoder_mask (B, 1, T, T)", atol=0, rtol=0,
-                 diagnoses=stored_diagnoses(f, "decoder"),
+                 diagnoses={**stored_diagnoses(f, "decoder"),
+                            "a causal mask without the target padding: padded keys must be hidden too":
+                            np.broadcast_to(causal, f["decoder"].shape),
+                            "the target padding hidden on the query rows instead of the key columns: a padded "
+                            "target token must be hidden as a key": causal & keep[:, None, :, None],
+                            "the target padding hidden without the causal mask (future keys visible)":
+                            np.broadcast_to(keep[:, None, None, :], f["decoder"].shape)},
                  hint="query t may see key u when u ≤ t (causal) AND u is a real target token: the target "
                       "padding must be hidden too")
 
@@ -122,11 +136,35 @@ def _attention():
     return set_parameters(layer, fixture_params(f), f"Attention({D}, {H})"), f
 
 
+def _attention_scaled(layer, x, memory, keep, scale):
+    """The layer's attention of x over memory with its own projections, in float64, the
+    scores multiplied by ``scale``: what a wrong scale outputs."""
+    def heads(a):
+        a = np.float64(a)
+        return a.reshape(*a.shape[:2], H, -1).transpose(0, 2, 1, 3)
+
+    q, k, v = heads(layer.q_proj(x)), heads(layer.k_proj(memory)), heads(layer.v_proj(memory))
+    seen = np.asarray(keep, bool)[:, None, None, :]
+    s = np.where(seen, q @ k.swapaxes(-1, -2) * scale, -np.inf)
+    s = s - np.where(seen.any(-1, keepdims=True), s.max(-1, keepdims=True), 0.0)
+    w = np.where(seen, np.exp(s), 0.0)
+    w = w / np.maximum(w.sum(-1, keepdims=True), 1e-300)
+    merged = (w @ v).transpose(0, 2, 1, 3).reshape(*np.shape(x)[:2], -1)
+    return layer.out_proj(merged.astype(np.float32))
+
+
 def test_cross_attention_matches_reference():
     layer, f = _attention()
     with explains_errors("Attention(x (3, 4, D), memory (3, 6, D), mask (3, 1, 4, 6))", SHAPE_HINT):
         out = layer(f["x"], f["memory"], M.cross_attention_mask(f["mem_keep"], 4))
+    d_head = D // H
+    scales = {"scores scaled by 1/√d_model instead of 1/√d_head": 1 / np.sqrt(D),
+              "scores scaled by 1/d_head instead of 1/√d_head": 1 / d_head,
+              "scores not scaled: divide q·kᵀ by √d_head": 1.0,
+              "scores multiplied by √d_head instead of divided by it": np.sqrt(d_head)}
     assert_close(out, f["cross"], what="cross-attention: queries from x (T = 4), keys and values from memory (S = 6)",
+                 diagnoses={label: _attention_scaled(layer, f["x"], f["memory"], f["mem_keep"], scale)
+                            for label, scale in scales.items()},
                  hint="q = q_proj(x); k, v = k_proj(memory), v_proj(memory); softmax(q·kᵀ/√d_head, padded "
                       "source keys hidden) @ v; out_proj. A query with no source key at all gets zeros")
     assert_float32(out, "Attention output")
@@ -165,13 +203,50 @@ def test_cross_attention_ignores_padded_memory(row, seed):
 
 # --- layers ---------------------------------------------------------------------------------------
 
+WIRINGS = {  # how a sub-layer f with its LayerNorm n is joined to the stream x, right and wrong
+    "post": ("post-norm, n(x + f(x))", lambda x, f, n: n(x + f(x))),
+    "pre": ("pre-norm, x + f(n(x))", lambda x, f, n: x + f(n(x))),
+    "outside": ("the residual added after the LayerNorm, x + n(f(x)): the residual goes inside it, n(x + f(x))",
+                lambda x, f, n: x + n(f(x))),
+    "normed": ("a pre-norm residual that adds the normalised n(x) instead of x itself, n(x) + f(n(x))",
+               lambda x, f, n: n(x) + f(n(x))),
+    "none": ("no residual at all, n(f(x)): the sub-layer's input is added back", lambda x, f, n: n(f(x))),
+}
+
+
+def _rewired(layer, x, mask, memory=None, cross_mask=None, right="post"):
+    """{what a wiring mistake outputs: the layer's output}, built from the layer's own
+    sub-layers, every wiring but ``right``; post-norm and pre-norm read as "pre-norm in a
+    post-norm layer" (or the other way)."""
+    subs = [(lambda h: layer.self_attn(h, mask=mask), layer.self_attn_layer_norm)]
+    if memory is not None:
+        subs.append((lambda h: layer.encoder_attn(h, memory, cross_mask), layer.encoder_attn_layer_norm))
+    subs.append((layer.feed_forward, layer.final_layer_norm))
+    found = {}
+    for key, (label, wire) in WIRINGS.items():
+        if key == right:
+            continue
+        if key in ("post", "pre"):
+            label = f"{label} where the layer is {WIRINGS[right][0].split(',')[0]}"
+        out = x
+        try:
+            for f, n in subs:
+                out = wire(out, f, n)
+        except Exception:  # noqa: BLE001 - a diagnosis must never hide the failure it explains
+            continue
+        found[label] = out
+    return found
+
+
 def test_encoder_layer_matches_reference():
     f = load_fixture(LAB, "encoder_layer")
     layer = set_parameters(M.EncoderLayer(D, H, F, rng=np.random.default_rng(1)), fixture_params(f), "EncoderLayer")
     out = layer(f["x"], M.encoder_mask(f["src_keep"]))
     assert_close(_real(out, f["src_keep"]), _real(f["out"], f["src_keep"]),
                  what="EncoderLayer (post-norm, ReLU) on x (3, 6, 16), at the real source positions",
-                 diagnoses=_real_diagnoses(f, "out", f["src_keep"]),
+                 diagnoses={**_real_diagnoses(f, "out", f["src_keep"]), **{
+                     label: _real(v, f["src_keep"])
+                     for label, v in _rewired(layer, f["x"], M.encoder_mask(f["src_keep"])).items()}},
                  hint="post-norm: x = LN(x + SelfAttn(x)); x = LN(x + FFN(x)), no causal mask, each "
                       "sub-layer with its own LayerNorm and the residual inside the LayerNorm")
     assert_float32(out, "EncoderLayer output")
@@ -183,7 +258,11 @@ def test_decoder_layer_post_norm_matches_reference():
         out = layer(f["x"], f["memory"], M.decoder_mask(f["tgt_keep"]), M.cross_attention_mask(f["src_keep"], 4))
     assert_close(_real(out, f["tgt_keep"]), _real(f["out"], f["tgt_keep"]),
                  what="DecoderLayer (post-norm, GELU) on x (3, 4, 16) over memory (3, 6, 16), at the real target "
-                      "positions", diagnoses=_real_diagnoses(f, "out", f["tgt_keep"]), atol=1e-4, rtol=1e-3,
+                      "positions", atol=1e-4, rtol=1e-3,
+                 diagnoses={**_real_diagnoses(f, "out", f["tgt_keep"]), **{
+                     label: _real(v, f["tgt_keep"]) for label, v in _rewired(
+                         layer, f["x"], M.decoder_mask(f["tgt_keep"]), f["memory"],
+                         M.cross_attention_mask(f["src_keep"], 4)).items()}},
                  hint="post-norm: x = LN(x + SelfAttn(x)); x = LN(x + CrossAttn(x, memory)); x = LN(x + FFN(x)), "
                       "each sub-layer with its own LayerNorm; the cross-attention's keys and values come from "
                       "the encoder's output")
@@ -197,7 +276,10 @@ def test_decoder_layer_pre_norm_matches_reference():
     assert_close(_real(out, f["tgt_keep"]), _real(f["out"], f["tgt_keep"]),
                  what="DecoderLayer (pre-norm, norm_first=True, ReLU), at the real target positions",
                  atol=1e-4, rtol=1e-3,
-                 diagnoses=_real_diagnoses(f, "out", f["tgt_keep"]),
+                 diagnoses={**_real_diagnoses(f, "out", f["tgt_keep"]), **{
+                     label: _real(v, f["tgt_keep"]) for label, v in _rewired(
+                         layer, f["x"], M.decoder_mask(f["tgt_keep"]), f["memory"],
+                         M.cross_attention_mask(f["src_keep"], 4), right="pre").items()}},
                  hint="pre-norm: x = x + SelfAttn(LN(x)); x = x + CrossAttn(LN(x), memory); x = x + FFN(LN(x))")
 
 
@@ -270,8 +352,16 @@ def test_dropout_only_while_training():
 
 def test_sinusoids_in_marian_order():
     f = load_fixture(LAB, "sinusoids")
+    table = np.asarray(f["table"])
+    half = table.shape[1] // 2
+    interleaved = np.empty_like(table)
+    interleaved[:, 0::2], interleaved[:, 1::2] = table[:, :half], table[:, half:]
     assert_close(M.marian_sinusoids(12, D), f["table"], what="marian_sinusoids(12, 16)",
-                 diagnoses=stored_diagnoses(f, "table"),
+                 diagnoses={**stored_diagnoses(f, "table"),
+                            "the cosines first and the sines second: Marian puts every sine first":
+                            np.concatenate([table[:, half:], table[:, :half]], axis=1),
+                            "lab 02's interleaved table (sine, cosine, sine, …): Marian puts every sine first, then "
+                            "every cosine": interleaved},
                  hint="MarianMT puts every sine first (columns 0 … D/2-1), then every cosine of the same "
                       "angles (columns D/2 … D-1)")
 
