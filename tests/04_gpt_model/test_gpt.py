@@ -99,7 +99,7 @@ def test_attend_matches_reference():
                  hint="the same inputs gave different outputs: dropout is active in eval mode, where it must be "
                       "the identity")
     q, k, v = (np.float64(f[n]) for n in "qkv")
-    T, d_head = q.shape[-2], q.shape[-1]
+    *_, T, d_head = q.shape
 
     def scaled(scale):  # causal attention with the scores multiplied by scale
         s = np.where(np.tril(np.ones((T, T), bool)), q @ k.swapaxes(-1, -2) * scale, -np.inf)
