@@ -335,7 +335,7 @@ def main() -> None:
              f"numbers up to {s['max_operand']}, a GPT of {s['layers']} layers, width {s['d_model']}, "
              f"{s['heads']} heads; SFT {s['sft_steps']} steps of {s['sft_batch']} on {s['demos']} additions and "
              f"{s['off_task_demos']} off-task demonstrations; RL and DPO {s['rl_steps']} steps of "
-             f"{s['prompts']} questions × {s['group']} answers. Held out: {runs[counts[0]][0]['held_out']} "
+             f"{s['prompts']} additions and {s['rl_off_task']} off-task questions × {s['group']} answers. Held out: {runs[counts[0]][0]['held_out']} "
              f"problems over {len(pipe.arithmetic.PHRASINGS)} phrasings ({len(pipe.arithmetic.HELD_OUT_PHRASINGS)} "
              f"never trained on) and {runs[counts[0]][0]['off_task_held_out']} off-task questions, greedy. "
              f"Each cell: the mean over seeds {args.seeds} (lowest – highest).",

@@ -296,10 +296,11 @@ def rl_update(labs: Labs, s: Settings, policy, reference, opt, ids, mask, adv) -
 
 
 def dpo(labs: Labs, s: Settings, policy, reference, held, log, start):
-    """DPO from the SFT model with RL's budget: ``s.rl_steps · s.prompts`` fresh questions,
-    ``s.group`` answers sampled from the SFT model to each; each question's right and wrong
-    answers paired off; ``s.rl_steps`` AdamW steps of ``s.prompts · s.group / 2`` pairs
-    (as many sequences as an RL step trains on). Returns the curve and the number of pairs."""
+    """DPO from the SFT model with RL's budget: ``s.rl_steps · (s.prompts + s.rl_off_task)``
+    fresh questions (additions and off-task, as RL asks them), ``s.group`` answers sampled
+    from the SFT model to each; each question's right and wrong answers paired off;
+    ``s.rl_steps`` AdamW steps of ``s.prompts · s.group / 2`` pairs (as many sequences as
+    an RL step samples for its additions). Returns the curve and the number of pairs."""
     A, tr = labs.assistant, labs.training
     stream = arithmetic.TrainingProblems(s.seed, 3, held, s.max_operand)
     off_rng = np.random.default_rng([s.seed, 3, 2])
@@ -382,7 +383,7 @@ def pipeline(s: Settings, out: Path | None, log=print, stages=("rl", "dpo")) -> 
             labs.training.save_checkpoint(out / "rl", policy)
 
     if "dpo" in stages:
-        log(f"DPO: from the same SFT model, {s.rl_steps * s.prompts * s.group:,} sampled answers and "
+        log(f"DPO: from the same SFT model, {s.rl_steps * (s.prompts + s.rl_off_task) * s.group:,} sampled answers and "
             f"{s.rl_steps} steps (RL's budget)")
         dpo_policy = copy.deepcopy(model)
         t0 = time.perf_counter()
