@@ -125,15 +125,16 @@ class TorchRL:
                     break
         return out.numpy()
 
-    def step(self, problems, max_new: int) -> None:
+    def step(self, problems, room) -> None:
+        """One step on ``problems``; ``room(problem)``: the most tokens its answers may take."""
         import torch
 
         labs, s, G = self.labs, self.s, self.s.group
-        by_length: dict[int, list] = {}
+        by_length: dict[tuple[int, int], list] = {}
         for prob in problems:
-            by_length.setdefault(len(labs.prompt(prob)), []).append(prob)
+            by_length.setdefault((len(labs.prompt(prob)), room(prob)), []).append(prob)
         rows, masks, rewards = [], [], []
-        for n, probs in sorted(by_length.items()):
+        for (n, max_new), probs in sorted(by_length.items()):
             seqs = self.sample(np.repeat(np.stack([labs.prompt(p) for p in probs]), G, axis=0), max_new)
             for k, prob in enumerate(probs):
                 group = []
@@ -215,10 +216,14 @@ def one(seed: int, threads: int, size: str, steps: int) -> dict:
     opt = labs.training.AdamW(policy.state_dict(), lr=s.rl_lr, betas=(0.9, 0.99), weight_decay=0.0)
     theirs = TorchRL(labs, s, model.state_dict(), reference.state_dict(), s.heads, model.ln_f.eps, s.seed)
     stream = pipe.arithmetic.TrainingProblems(s.seed, 2, held, s.max_operand)
+    off_rng = np.random.default_rng([s.seed, 2, 2])
     rng = np.random.default_rng([s.seed, 20])
 
+    def questions():  # as the pipeline's RL step draws them: additions and off-task questions
+        return stream.draw(s.prompts) + pipe.arithmetic.off_task(off_rng, s.rl_off_task)
+
     # The same loss and gradients on one batch, before either side has stepped.
-    ids, mask, adv, _ = pipe.rl_batch(labs, s, policy, stream.draw(s.prompts), rng)
+    ids, mask, adv, _ = pipe.rl_batch(labs, s, policy, questions(), rng)
     A = labs.assistant
     logp_old = A.token_logprobs(policy, ids)
     loss, grads = A.rl_loss_and_grads(policy, ids, mask, logp_old, logp_old, adv, clip_eps=s.clip_eps,
@@ -236,9 +241,9 @@ def one(seed: int, threads: int, size: str, steps: int) -> dict:
 
     times: dict[str, list[float]] = {"numpy": [], "torch": []}
     for i in range(steps + 1):  # the first step of each is a warm-up
-        problems = stream.draw(s.prompts)
+        problems = questions()
         for name, fn in (("numpy", lambda: ours(problems)),
-                         ("torch", lambda: theirs.step(problems, pipe.MAX_NEW_TOKENS))):
+                         ("torch", lambda: theirs.step(problems, lambda p: pipe.room(labs, p)))):
             time.sleep(common.PAUSE)
             t0 = time.perf_counter()
             fn()
@@ -269,7 +274,8 @@ def _figures(r: dict) -> dict[str, float]:
     f |= {"SFT: off-task answered with the sentence (%)": r["sft"]["off_task"],
           "RL step, NumPy (ms)": r["step_ms"]["numpy"], "RL step, PyTorch (ms)": r["step_ms"]["torch"],
           "RL step, NumPy ÷ PyTorch": r["step_ms"]["numpy"] / r["step_ms"]["torch"],
-          "whole pipeline (minutes, loaded machine)": r["total_seconds"] / 60}
+          "whole pipeline (minutes, loaded machine)": r["total_seconds"] / 60,
+          "whole pipeline, the process's CPU time (minutes)": r["cpu_seconds"] / 60}
     return f
 
 
@@ -329,7 +335,7 @@ def main() -> None:
              f"numbers up to {s['max_operand']}, a GPT of {s['layers']} layers, width {s['d_model']}, "
              f"{s['heads']} heads; SFT {s['sft_steps']} steps of {s['sft_batch']} on {s['demos']} additions and "
              f"{s['off_task_demos']} off-task demonstrations; RL and DPO {s['rl_steps']} steps of "
-             f"{s['prompts']} questions × {s['group']} answers. Held out: {runs[counts[0]][0]['held_out']} "
+             f"{s['prompts']} additions and {s['rl_off_task']} off-task questions × {s['group']} answers. Held out: {runs[counts[0]][0]['held_out']} "
              f"problems over {len(pipe.arithmetic.PHRASINGS)} phrasings ({len(pipe.arithmetic.HELD_OUT_PHRASINGS)} "
              f"never trained on) and {runs[counts[0]][0]['off_task_held_out']} off-task questions, greedy. "
              f"Each cell: the mean over seeds {args.seeds} (lowest – highest).",

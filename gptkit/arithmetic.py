@@ -9,9 +9,13 @@ The answer is checked exactly (a verifiable reward), the problems are endless an
 make, and a small GPT learns them on two CPU cores in minutes. Both numbers are drawn
 uniformly from 0 … ``MAX_OPERAND`` (49); the answer is their sum in decimal, no spaces.
 
-**Phrasings.** A question is one of ``PHRASINGS`` filled in with the two numbers.
-``TRAIN_PHRASINGS`` are the ones training ever shows; ``HELD_OUT_PHRASINGS`` never appear in
-training and measure whether the model reads numbers in a wording it has not seen. Every
+**Phrasings.** A question is one of ``ALL_PHRASINGS`` filled in with the two numbers: each
+is built from pieces (an opening such as ``What is ``, the sum as ``27+15``, ``27 + 15`` or
+``27 plus 15``, a closing ``?`` or none; or ``add 27 and 15`` with its own verbs and
+closings). ``HELD_OUT_PHRASINGS`` are three of those combinations that never appear in
+training, though every piece of them does: they measure whether the model reads numbers in
+a wording it has not seen. ``TRAIN_PHRASINGS`` are all the others. ``PHRASINGS`` are the
+ones evaluation asks in: six training phrasings and the held-out ones. Every
 question goes through ``normalise`` (outer spaces dropped, runs of spaces made one), in
 training and in the chat alike.
 
@@ -20,7 +24,7 @@ additions (disjoint lists); the right answer to each is ``REFUSAL``, one fixed s
 
 **Held-out problems** never appear in training: ``held_out(seed)`` draws distinct pairs for
 evaluation from a generator seeded with ``seed``, each asked in one phrasing (in turn over
-all of ``PHRASINGS``), and ``TrainingProblems`` draws training pairs from its own generator,
+``PHRASINGS``), and ``TrainingProblems`` draws training pairs from its own generator,
 redrawing any pair that is held out. The same seed gives the same problems on every machine
 (NumPy's PCG64 generator).
 
@@ -42,20 +46,27 @@ HELD_OUT = 400
 CHAT_TOKENS = ("<|user|>", "<|assistant|>", "<|end|>")  # lab 11's USER, ASSISTANT, END
 REFUSAL = "I can only add two numbers."
 
-TRAIN_PHRASINGS = (
+_ASK_OPENINGS = ("", "What is ", "what is ", "What's ", "Compute ", "calculate ")
+_SUMS = ("{a}+{b}", "{a} + {b}", "{a} plus {b}")
+_ASK_CLOSINGS = ("", "?")
+_ADD_VERBS = ("add ", "Add ", "please add ")
+_ADD_CLOSINGS = ("", "?", ".")
+ALL_PHRASINGS = tuple(o + m + c for o in _ASK_OPENINGS for m in _SUMS for c in _ASK_CLOSINGS) + tuple(
+    v + "{a} and {b}" + c for v in _ADD_VERBS for c in _ADD_CLOSINGS)
+HELD_OUT_PHRASINGS = (
+    "{a} + {b}",
+    "What is {a} plus {b}?",
+    "add {a} and {b}?",
+)
+TRAIN_PHRASINGS = tuple(ph for ph in ALL_PHRASINGS if ph not in HELD_OUT_PHRASINGS)
+PHRASINGS = (  # the phrasings evaluation asks in: six that training shows, and the held-out ones
     "What is {a}+{b}?",
     "What is {a} + {b}?",
     "{a}+{b}",
     "{a} plus {b}",
     "add {a} and {b}",
     "what is {a} plus {b}?",
-)
-HELD_OUT_PHRASINGS = (
-    "{a} + {b}",
-    "What is {a} plus {b}?",
-    "add {a} and {b}?",
-)
-PHRASINGS = TRAIN_PHRASINGS + HELD_OUT_PHRASINGS
+) + HELD_OUT_PHRASINGS
 
 _COUNTRIES = ("France", "Peru", "Japan", "Kenya", "Norway", "Chile", "Egypt", "India", "Spain", "Canada")
 _THINGS = ("the sea", "a cat", "the moon", "rain", "bread", "music", "a tree", "winter", "coffee", "the sun")
@@ -186,9 +197,9 @@ class TrainingProblems:
 
 
 def parse_question(text: str) -> Problem | None:
-    """The problem a typed question asks in any of ``PHRASINGS`` (spaces aside), or None."""
+    """The problem a typed question asks in any of ``ALL_PHRASINGS`` (spaces aside), or None."""
     body = normalise(text)
-    for phrasing in PHRASINGS:
+    for phrasing in ALL_PHRASINGS:
         pattern = re.escape(normalise(phrasing)).replace(r"\{a\}", r"(\d+)").replace(r"\{b\}", r"(\d+)")
         pattern = pattern.replace(r"\ ", r"\s*").replace(r"\+", r"\s*\+\s*")
         m = re.fullmatch(pattern, body)

@@ -8,8 +8,8 @@ budget, each measured on held-out problems.
     uv run python -m gptkit.assistant --quick            # smaller sizes: shows the same story sooner
     uv run python -m gptkit.assistant --tiny             # a run of seconds: checks the plumbing only
 
-The task is ``gptkit.arithmetic``'s: additions of numbers up to 49 asked in several
-phrasings (``What is 27 + 15?``, ``27+15``, ``add 27 and 15``, ``27 plus 15``, …) and, for
+The task is ``gptkit.arithmetic``'s: additions of numbers up to 49 asked in many
+phrasings built from pieces (``What is 27 + 15?``, ``27+15``, ``add 27 and 15``, ``27 plus 15``, …) and, for
 anything else, one fixed sentence (``I can only add two numbers.``), through a byte-level
 lab-10 tokenizer with the chat tokens.
 
@@ -18,9 +18,10 @@ lab-10 tokenizer with the chat tokens.
    AdamW and clipping, on a fixed, small set of demonstrations (``--demos`` additions and
    ``--off-task-demos`` off-task questions), long enough that its held-out accuracy has
    stopped rising (the curve shows the plateau).
-2. **RL.** From the SFT model: each step asks ``--prompts`` fresh training questions (no
-   written answers: only the checker), samples ``--group`` answers to each (lab 06's cached
-   generation at ``--temperature``, one call per prompt length), scores them (``reward``),
+2. **RL.** From the SFT model: each step asks ``--prompts`` fresh training additions and
+   ``--rl-off-task`` off-task questions (no written answers: only the checker), samples
+   ``--group`` answers to each (lab 06's cached generation at ``--temperature``, one call
+   per prompt length and answer room), scores them (``reward``),
    normalises the rewards within each question's group (``group_advantages``), and takes an
    AdamW step on ``rl_loss_and_grads`` (clipped ratio to the sampling policy, k3 KL to the
    frozen SFT model).
@@ -76,24 +77,25 @@ class Settings:
     off_task_held_out: int = 60
     demos: int = 1000
     off_task_demos: int = 60
-    sft_steps: int = 800
+    sft_steps: int = 1500
     sft_batch: int = 32
     sft_lr: float = 3e-3
-    rl_steps: int = 300
+    rl_steps: int = 600
     prompts: int = 16
+    rl_off_task: int = 2
     group: int = 8
     temperature: float = 1.0
-    rl_lr: float = 1e-3
+    rl_lr: float = 5e-4
     clip_eps: float = 0.2
     kl_coef: float = 0.0
     dpo_lr: float = 1e-4
     beta: float = 0.1
-    eval_every: int = 50
+    eval_every: int = 100
 
 
-QUICK = replace(Settings(), sft_steps=500, rl_steps=40, held_out=180, eval_every=50)
+QUICK = replace(Settings(), sft_steps=1000, rl_steps=80, held_out=180, eval_every=50)
 TINY = Settings(d_model=16, layers=1, heads=2, held_out=18, off_task_held_out=4, demos=16, off_task_demos=4,
-                sft_steps=4, sft_batch=8, rl_steps=2, prompts=2, group=3, eval_every=1)
+                sft_steps=4, sft_batch=8, rl_steps=2, prompts=2, rl_off_task=1, group=3, eval_every=1)
 
 
 class Labs:
@@ -153,15 +155,21 @@ def new_model(labs: Labs, s: Settings):
                              rng=np.random.default_rng([s.seed, 10]))
 
 
-def generate_all(labs: Labs, model, problems, copies: int, max_new: int, *, temperature: float = 0.0, rng=None):
-    """``copies`` answers to each problem, as ``(prompt length, sequence)`` rows in problem
-    order (``copies`` rows per problem): lab 06's ``generate`` once per prompt length (it
-    takes prompts of one length at a time), ``<|end|>`` as the end token."""
-    by_length: dict[int, list[int]] = {}
+def room(labs: Labs, problem) -> int:
+    """The most tokens an answer to ``problem`` may take: ``MAX_NEW_TOKENS`` for an addition,
+    the fixed sentence and its ``<|end|>`` for an off-task question."""
+    return MAX_NEW_TOKENS if isinstance(problem, arithmetic.Problem) else len(labs.tok.encode(arithmetic.REFUSAL)) + 1
+
+
+def generate_all(labs: Labs, model, problems, copies: int, *, temperature: float = 0.0, rng=None):
+    """``copies`` answers to each problem (at most ``room`` tokens each), as sequences in
+    problem order (``copies`` rows per problem): lab 06's ``generate`` once per prompt length
+    and room (it takes prompts of one length at a time), ``<|end|>`` as the end token."""
+    by_length: dict[tuple[int, int], list[int]] = {}
     for i, p in enumerate(problems):
-        by_length.setdefault(len(labs.prompt(p)), []).append(i)
+        by_length.setdefault((len(labs.prompt(p)), room(labs, p)), []).append(i)
     rows: list = [None] * len(problems)
-    for length, members in sorted(by_length.items()):
+    for (_, max_new), members in sorted(by_length.items()):
         prompts = np.repeat(np.stack([labs.prompt(problems[i]) for i in members]), copies, axis=0)
         out = labs.generation.generate(model, prompts, max_new, temperature=temperature, rng=rng,
                                        eos_token_id=labs.end_id)
@@ -170,10 +178,10 @@ def generate_all(labs: Labs, model, problems, copies: int, max_new: int, *, temp
     return rows
 
 
-def answers(labs: Labs, model, problems, *, max_new: int = MAX_NEW_TOKENS) -> list[float]:
+def answers(labs: Labs, model, problems) -> list[float]:
     """Each problem's reward for the greedy answer of ``model``."""
     A = labs.assistant
-    rows = generate_all(labs, model, problems, 1, max_new)
+    rows = generate_all(labs, model, problems, 1)
     return [A.reward(labs.tok, len(labs.prompt(p)), seqs[0], p.answer) for p, seqs in zip(problems, rows)]
 
 
@@ -187,7 +195,7 @@ def evaluate(labs: Labs, model, held, off) -> dict:
     per = {ph: 100.0 * float(np.mean([r for p, r in zip(held, right) if p.phrasing == ph]))
            for ph in arithmetic.PHRASINGS if any(p.phrasing == ph for p in held)}
     unseen = [r for p, r in zip(held, right) if p.phrasing in arithmetic.HELD_OUT_PHRASINGS]
-    refusal = answers(labs, model, off, max_new=len(labs.tok.encode(arithmetic.REFUSAL)) + 1)
+    refusal = answers(labs, model, off)
     return {"accuracy": 100.0 * float(np.mean(right)), "phrasings": per,
             "held_out_phrasings": 100.0 * float(np.mean(unseen)) if unseen else float("nan"),
             "off_task": 100.0 * float(np.mean(refusal))}
@@ -235,13 +243,15 @@ def rl(labs: Labs, s: Settings, policy, reference, held, log, start):
     """GRPO from the SFT model; returns the accuracy curve, the mean reward of each step and
     the seconds of each step."""
     stream = arithmetic.TrainingProblems(s.seed, 2, held, s.max_operand)
+    off_rng = np.random.default_rng([s.seed, 2, 2])
     rng = np.random.default_rng([s.seed, 20])
     opt = labs.training.AdamW(policy.state_dict(), lr=s.rl_lr, betas=(0.9, 0.99), weight_decay=0.0)
     curve, rewards, times = [(0, accuracy(labs, policy, held))], [], []
     progress = Progress(log, "rl", s.rl_steps, start)
     for step in range(1, s.rl_steps + 1):
         t0 = time.perf_counter()
-        ids, mask, adv, mean_reward = rl_batch(labs, s, policy, stream.draw(s.prompts), rng)
+        questions = stream.draw(s.prompts) + arithmetic.off_task(off_rng, s.rl_off_task)
+        ids, mask, adv, mean_reward = rl_batch(labs, s, policy, questions, rng)
         rl_update(labs, s, policy, reference, opt, ids, mask, adv)
         times.append(time.perf_counter() - t0)
         rewards.append(mean_reward)
@@ -259,8 +269,7 @@ def sample_groups(labs: Labs, s: Settings, model, problems, rng):
     together with their answer masks, and the (P, G) rewards."""
     A = labs.assistant
     groups, rewards = [], []
-    for p, seqs in zip(problems, generate_all(labs, model, problems, s.group, MAX_NEW_TOKENS,
-                                              temperature=s.temperature, rng=rng)):
+    for p, seqs in zip(problems, generate_all(labs, model, problems, s.group, temperature=s.temperature, rng=rng)):
         n = len(labs.prompt(p))
         rewards.append([A.reward(labs.tok, n, row, p.answer) for row in seqs])
         groups.extend(zip(seqs, A.completion_mask(seqs, n, labs.end_id)))
@@ -287,17 +296,20 @@ def rl_update(labs: Labs, s: Settings, policy, reference, opt, ids, mask, adv) -
 
 
 def dpo(labs: Labs, s: Settings, policy, reference, held, log, start):
-    """DPO from the SFT model with RL's budget: ``s.rl_steps · s.prompts`` fresh questions,
-    ``s.group`` answers sampled from the SFT model to each; each question's right and wrong
-    answers paired off; ``s.rl_steps`` AdamW steps of ``s.prompts · s.group / 2`` pairs
-    (as many sequences as an RL step trains on). Returns the curve and the number of pairs."""
+    """DPO from the SFT model with RL's budget: ``s.rl_steps · (s.prompts + s.rl_off_task)``
+    fresh questions (additions and off-task, as RL asks them), ``s.group`` answers sampled
+    from the SFT model to each; each question's right and wrong answers paired off;
+    ``s.rl_steps`` AdamW steps of ``s.prompts · s.group / 2`` pairs (as many sequences as
+    an RL step samples for its additions). Returns the curve and the number of pairs."""
     A, tr = labs.assistant, labs.training
     stream = arithmetic.TrainingProblems(s.seed, 3, held, s.max_operand)
+    off_rng = np.random.default_rng([s.seed, 3, 2])
     rng = np.random.default_rng([s.seed, 30])
     chosen, rejected = [], []
     progress = Progress(log, "dpo-sampling", s.rl_steps, start)
     for step in range(1, s.rl_steps + 1):
-        groups, rewards = sample_groups(labs, s, reference, stream.draw(s.prompts), rng)
+        questions = stream.draw(s.prompts) + arithmetic.off_task(off_rng, s.rl_off_task)
+        groups, rewards = sample_groups(labs, s, reference, questions, rng)
         for q, r in enumerate(rewards):
             good = [groups[q * s.group + i] for i in np.flatnonzero(r == 1.0)]
             bad = [groups[q * s.group + i] for i in np.flatnonzero(r != 1.0)]
@@ -341,7 +353,7 @@ def peak_memory_mb() -> float:
 
 def pipeline(s: Settings, out: Path | None, log=print, stages=("rl", "dpo")) -> dict:
     """SFT, then RL and DPO from the SFT model; the results (and checkpoints in ``out``)."""
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     labs = Labs()
     held = arithmetic.held_out(s.seed, s.held_out, top=s.max_operand)
     off = arithmetic.held_out_off_task(s.seed, s.off_task_held_out)
@@ -360,7 +372,8 @@ def pipeline(s: Settings, out: Path | None, log=print, stages=("rl", "dpo")) -> 
     step_times, rewards, pairs = [float("nan")], [], 0
 
     if "rl" in stages:
-        log(f"RL: {s.rl_steps} steps of {s.prompts} fresh questions × {s.group} sampled answers")
+        log(f"RL: {s.rl_steps} steps of {s.prompts} fresh additions and {s.rl_off_task} off-task questions × "
+            f"{s.group} sampled answers")
         policy = copy.deepcopy(model)
         t0 = time.perf_counter()
         curves["rl"], rewards, step_times = rl(labs, s, policy, reference, held, log, start)
@@ -370,7 +383,7 @@ def pipeline(s: Settings, out: Path | None, log=print, stages=("rl", "dpo")) -> 
             labs.training.save_checkpoint(out / "rl", policy)
 
     if "dpo" in stages:
-        log(f"DPO: from the same SFT model, {s.rl_steps * s.prompts * s.group:,} sampled answers and "
+        log(f"DPO: from the same SFT model, {s.rl_steps * (s.prompts + s.rl_off_task) * s.group:,} sampled answers and "
             f"{s.rl_steps} steps (RL's budget)")
         dpo_policy = copy.deepcopy(model)
         t0 = time.perf_counter()
@@ -383,7 +396,8 @@ def pipeline(s: Settings, out: Path | None, log=print, stages=("rl", "dpo")) -> 
     results = {"settings": asdict(s), "held_out": len(held), "off_task_held_out": len(off),
                "held_out_phrasings": list(arithmetic.HELD_OUT_PHRASINGS), "dpo_pairs": pairs,
                "rl_rewards": rewards, "rl_step_seconds": float(np.median(step_times)),
-               "seconds": seconds, "total_seconds": time.perf_counter() - start, "peak_memory_mb": peak_memory_mb()}
+               "seconds": seconds, "total_seconds": time.perf_counter() - start,
+               "cpu_seconds": time.process_time() - cpu, "peak_memory_mb": peak_memory_mb()}
     for name in curves:
         results[f"{name}_curve"] = curves[name]
         results[name] = evals[name]
