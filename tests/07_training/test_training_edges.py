@@ -60,3 +60,19 @@ def test_softmax_cross_entropy_leaves_its_inputs_unchanged():
         "softmax_cross_entropy changed the arrays it was given (" + ("the logits" if not np.array_equal(
             logits, logits_before) else "the targets") + "): subtract the max into a new array, never in place "
         "(`z = z - m`, not `z -= m`): the caller still needs its logits")
+
+
+def test_softmax_cross_entropy_of_one_target_then_of_none():
+    logits = np.array([[[2.0, -1.0, 0.5]]], np.float32)  # (1, 1, 3): one target, whose loss is −log softmax
+    loss, _ = S.softmax_cross_entropy(logits, np.array([[0]]))
+    z = np.float64(logits[0, 0])
+    expected = np.log(np.exp(z - z.max()).sum()) - (z[0] - z.max())
+    assert abs(float(loss) - expected) < 1e-5, (
+        f"softmax_cross_entropy of one target gave {float(loss)}, expected −log softmax(logits)[target] = {expected}")
+    empty = np.zeros((1, 0, 3), np.float32)
+    try:
+        S.softmax_cross_entropy(empty, np.zeros((1, 0), np.int64))
+    except ValueError:
+        return
+    raise AssertionError("softmax_cross_entropy of logits (1, 0, 3) and no targets returned a value: the README asks "
+                         "for ValueError, since a mean over N = 0 targets has no value (mean() of nothing is NaN)")

@@ -151,7 +151,10 @@ def softmax_cross_entropy(logits: np.ndarray, targets: np.ndarray):
         raise ValueError(f"targets must be integers of shape {logits.shape[:-1]} (the logits' without V), "
                          f"got {targets.dtype} {targets.shape}")
     V = logits.shape[-1]
-    if targets.size and (targets.min() < 0 or targets.max() >= V):
+    if targets.size == 0:
+        raise ValueError(f"softmax_cross_entropy needs at least one target: got targets of shape {targets.shape}, "
+                         "and a mean over N = 0 targets has no value")
+    if targets.min() < 0 or targets.max() >= V:
         raise ValueError(f"targets must be ids in 0 … {V - 1}, got values from {targets.min()} to {targets.max()}")
     z = logits.reshape(-1, V)
     t = targets.reshape(-1)
