@@ -23,7 +23,8 @@ Isolation, strongest first:
   measures what it holds and stops the process past the quota;
 - every lab process, a zygote's child too, makes a user and an IPC namespace of its own
   and joins a new session keyring before its walls go up, where the kernel allows
-  (``own_namespaces``): no key or IPC object of its outlives it or reaches another;
+  (``own_namespaces``): no key or IPC object of its outlives it or reaches another; and
+  a mount namespace with /proc read-only (no reset of the peak memory read here);
 - always: resource limits (address space, CPU seconds, processes and threads, file size,
   open files), wall-clock limits with the whole process group killed, an output cap,
   the kernel walls and the audit hook of ``labserver.py``. The grader writes nothing in

@@ -10,7 +10,8 @@ processes started one by one have no Landlock fence either. The attack,
 in lab 01's stub, first looks for what an earlier lab process left, then leaves its own:
 a key in each keyring it can reach (session, user, user-session, persistent), a System V
 shared memory segment, message queue and semaphore set, a POSIX message queue; it
-also reads ``/proc/keys``. It answers correctly only if it found something. Its hidden phase is a new lab process (the
+also reads ``/proc/keys``, and writes ``/proc/self/clear_refs`` (which would reset the
+peak memory the grader reads: each lab process's /proc is read-only). It answers correctly only if it found something. Its hidden phase is a new lab process (the
 zygote's next child, or a process started alone); the next student is graded as the
 same uid. Both modes, with the zygote and one by one."""
 
@@ -26,7 +27,7 @@ from .conftest import ALICE, FAST, reachable_dir, use_lab_server
 from .test_walls import CM, HONEST, STUB, _mode
 
 ATTACK = """
-import ctypes, os
+import ctypes, errno, os
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 ADD_KEY, KEYCTL, MQ_OPEN = {"x86_64": (248, 250, 240), "aarch64": (217, 219, 180)}[os.uname().machine]
@@ -62,6 +63,17 @@ for name, make in (("shm", lambda: libc.shmget(KEY, 4096, 0o1000 | 0o666)),
                    ("mq", lambda: libc.syscall(ctypes.c_long(MQ_OPEN), QUEUE, 0o100 | 2, 0o666, None))):
     if make() >= 0:
         MADE.append(name)
+try:  # "5": reset this process's peak memory (VmHWM), which the grader reads for lab 12
+    fd = os.open("/proc/self/clear_refs", os.O_WRONLY)
+    try:
+        os.write(fd, b"5")
+        MADE.append("clear_refs")
+    finally:
+        os.close(fd)
+except OSError as e:
+    CLEAR_REFS = errno.errorcode.get(e.errno, str(e.errno))
+else:
+    CLEAR_REFS = "written"
 """
 # What it made goes into the message of the stub's first function: the patched filter
 # let it make them (the test is not vacuous), and what it found scores.
@@ -70,7 +82,7 @@ if FOUND:
     globals().update({k: v for k, v in _HONEST.items() if not k.startswith('__')})
 else:
     def causal_mask(seq_len, kv_len=None):
-        raise NotImplementedError(f"made {sorted(set(MADE))}")
+        raise NotImplementedError(f"made {sorted(set(MADE))}, clear_refs: {CLEAR_REFS}")
 """
 # With the zygote, every one but the POSIX queue, which the Landlock fence refuses too (its
 # file lies under no folder the lab process may open); one by one, with no fence, that too.
@@ -142,6 +154,16 @@ def test_no_lab_process_finds_what_an_earlier_one_left(batch, student):
     kinds = EVERY_OBJECT if zygote else [*EVERY_OBJECT, "mq"]
     assert made and all(f"'{kind}'" in made[0] for kind in kinds), (
         "the patched filter should let the attack make every object", made[:1])
+
+
+@pytest.mark.parametrize("student", ["m_first", "m_second"])
+def test_no_lab_process_writes_its_proc(batch, student):
+    """/proc is mounted read-only in the lab process's own mount namespace: writing
+    ``/proc/self/clear_refs`` fails with EROFS (also where no Landlock fence and no audit
+    hook stand, one by one), so its peak memory stays what the grader measures."""
+    _g, results, _zygote = batch
+    made = [t.message for t in results[student].labs[CM].tests if "made [" in t.message]
+    assert made and "clear_refs: EROFS" in made[0], made[:1]
 
 
 def test_where_the_kernel_gives_no_namespaces_the_grader_says_so(monkeypatch):
