@@ -10,6 +10,14 @@
 #
 # PYTHON picks the interpreter (default: python3, with numpy, torch, transformers,
 # safetensors and threadpoolctl importable).
+#
+# The limits are about twice what each run took on the kit's 2-core machine at COUNTS=1,2
+# while other work kept both cores busy (load average 3 to 4): inference 405 s, probe 12 s,
+# int8_tiles 38 s, forward 118 s, generation 125 s, 700 s in all. A machine with more
+# cores runs the 1- and 2-thread rows about as fast as that one and its own count faster,
+# so they hold there too. The limits add up to 1430 s. LIMIT_SCALE (default 1, decimals
+# allowed) multiplies every limit: above 1 for a slower or busier machine, below 1 where a
+# machine is lent for less time than that (or run fewer COUNTS).
 set -u
 OUT=${1:?usage: run_scaling.sh OUT [THREADS]}
 N=${2:-$(nproc)}
@@ -19,17 +27,18 @@ export PYTHONUNBUFFERED=1
 if [ -n "${COUNTS:-}" ]; then export BENCH_COUNTS=$COUNTS; fi
 
 run() {
-    local name=$1 limit=$2
+    local name=$1 limit
+    limit=$(awk -v l="$2" -v s="${LIMIT_SCALE:-1}" 'BEGIN { printf "%d", l * s + 0.5 }')
     shift 2
     local start=$SECONDS
     timeout "$limit" "$PY" "$@" > "$OUT/$name.md" 2> "$OUT/$name.err"
     echo "$name: exit $? after $((SECONDS - start)) s (limit $limit s)"
 }
 
-echo "threads: $N; counts: ${COUNTS:-1,2,$N}; load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
-run inference 110 benchmarks/bench_inference.py --threads "$N" --repeats 2 --new-tokens 12 --only forward,decoding
+echo "threads: $N; counts: ${COUNTS:-1,2,$N}; limits × ${LIMIT_SCALE:-1}; load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
+run inference 800 benchmarks/bench_inference.py --threads "$N" --repeats 2 --new-tokens 12 --only forward,decoding
 OPENBLAS_NUM_THREADS=$N run probe 60 benchmarks/threads_probe.py
-run int8_tiles 30 benchmarks/bench_inference.py --threads "$N" --repeats 2 --new-tokens 8 --only tiles
-run forward 40 benchmarks/bench_forward.py --threads "$N" --repeats 1
-run generation 40 benchmarks/bench_generation.py --threads "$N" --new-tokens 16 --repeats 1
+run int8_tiles 90 benchmarks/bench_inference.py --threads "$N" --repeats 2 --new-tokens 8 --only tiles
+run forward 240 benchmarks/bench_forward.py --threads "$N" --repeats 1
+run generation 240 benchmarks/bench_generation.py --threads "$N" --new-tokens 16 --repeats 1
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
