@@ -237,7 +237,7 @@ def one(seed: int, threads: int, size: str, steps: int) -> dict:
 
     def ours(problems):
         ids, mask, adv, _ = pipe.rl_batch(labs, s, policy, problems, rng)
-        pipe.rl_update(labs, s, policy, reference, opt, ids, mask, adv)
+        pipe.rl_update(labs, s, policy, reference, opt, ids, mask, adv, s.rl_lr)
 
     times: dict[str, list[float]] = {"numpy": [], "torch": []}
     for i in range(steps + 1):  # the first step of each is a warm-up
@@ -279,6 +279,33 @@ def _figures(r: dict) -> dict[str, float]:
     return f
 
 
+def _run_all(seeds: list[int], counts: list[int], args) -> dict[int, list[dict]]:
+    """Each (thread count, seed) run in a process of its own, ``--jobs`` at a time at most,
+    and never more threads at once than the machine's cores; results by thread count, in
+    seed order."""
+    import os
+
+    cores = os.cpu_count() or 1
+    todo = [(n, seed) for n in counts for seed in seeds]
+    running: list[tuple[int, int, subprocess.Popen]] = []
+    done: dict[tuple[int, int], dict] = {}
+    while todo or running:
+        busy = sum(n for n, _, _ in running)
+        while todo and len(running) < max(1, args.jobs) and (not running or busy + todo[0][0] <= cores):
+            n, seed = todo.pop(0)
+            cmd = [sys.executable, __file__, "--one", str(seed), "--threads", str(n), "--steps", str(args.steps)]
+            cmd += ["--quick"] if args.quick else ["--tiny"] if args.tiny else []
+            running.append((n, seed, subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)))
+            busy += n
+        n, seed, proc = running.pop(0)
+        out, _ = proc.communicate()
+        if proc.returncode != 0:
+            raise SystemExit(f"the run of seed {seed} at {n} threads failed (exit {proc.returncode})")
+        line = [x for x in out.splitlines() if x.startswith("RESULT ")][-1]
+        done[n, seed] = json.loads(line[len("RESULT "):])
+    return {n: [done[n, seed] for seed in seeds] for n in counts}
+
+
 def _cell(values: list[float]) -> str:
     digits = 2 if max(abs(v) for v in values) < 10 else 1 if max(abs(v) for v in values) < 1000 else 0
     mean = f"{np.mean(values):.{digits}f}"
@@ -295,6 +322,8 @@ def main() -> None:
     size.add_argument("--quick", action="store_true", help="the pipeline's --quick sizes")
     size.add_argument("--tiny", action="store_true", help="the pipeline's --tiny sizes: checks this script, measures nothing")
     p.add_argument("--write", action="store_true", help="put the table into docs/11_assistant.md")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs at once (default 1); the threads of the runs at once never exceed the cores")
     p.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # one run, in a process of its own
     args = p.parse_args()
     size = "tiny" if args.tiny else "quick" if args.quick else "default"
@@ -306,14 +335,7 @@ def main() -> None:
     counts = [int(x) for x in args.thread_counts.split(",")]
     load_before = _load()
     start = time.perf_counter()
-    runs: dict[int, list[dict]] = {}
-    for n in counts:
-        for seed in seeds:
-            cmd = [sys.executable, __file__, "--one", str(seed), "--threads", str(n), "--steps", str(args.steps)]
-            cmd += ["--quick"] if args.quick else ["--tiny"] if args.tiny else []
-            done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
-            line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")][-1]
-            runs.setdefault(n, []).append(json.loads(line[len("RESULT "):]))
+    runs = _run_all(seeds, counts, args)
     total = time.perf_counter() - start
     load_after = _load()
 
@@ -327,7 +349,7 @@ def main() -> None:
     what = (f"`benchmarks/bench_assistant.py{flag} --seeds {args.seeds} --thread-counts {args.thread_counts} "
             f"--steps {args.steps}`")
     lines = [f"Generated {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC by {what} (in the instructors' kit) in "
-             f"{total / 60:.0f} minutes, on {common.machine()}, torch {torch.__version__}, numpy {np.__version__}; "
+             f"{total / 60:.0f} minutes ({args.jobs} runs at a time at most), on {common.machine()}, torch {torch.__version__}, numpy {np.__version__}; "
              f"load average {load_before} before, {load_after} after (other work shared the machine: times are "
              f"slower than on an idle one, accuracies are not affected).",
              "",

@@ -3,7 +3,7 @@ saying what it can do when asked anything else.
 
     <|user|>What is 27 + 15?<|assistant|>42<|end|>
     <|user|>add 27 and 15<|assistant|>42<|end|>
-    <|user|>who are you?<|assistant|>I can only add two numbers.<|end|>
+    <|user|>who are you?<|assistant|>I only add numbers.<|end|>
 
 The answer is checked exactly (a verifiable reward), the problems are endless and cheap to
 make, and a small GPT learns them on two CPU cores in minutes. Both numbers are drawn
@@ -44,11 +44,11 @@ import numpy as np
 MAX_OPERAND = 49
 HELD_OUT = 400
 CHAT_TOKENS = ("<|user|>", "<|assistant|>", "<|end|>")  # lab 11's USER, ASSISTANT, END
-REFUSAL = "I can only add two numbers."
+REFUSAL = "I only add numbers."
 
 _ASK_OPENINGS = ("", "What is ", "what is ", "What's ", "Compute ", "calculate ")
 _SUMS = ("{a}+{b}", "{a} + {b}", "{a} plus {b}")
-_ASK_CLOSINGS = ("", "?")
+_ASK_CLOSINGS = ("", "?", "=", " =")
 _ADD_VERBS = ("add ", "Add ", "please add ")
 _ADD_CLOSINGS = ("", "?", ".")
 ALL_PHRASINGS = tuple(o + m + c for o in _ASK_OPENINGS for m in _SUMS for c in _ASK_CLOSINGS) + tuple(
@@ -77,6 +77,12 @@ _TRAIN_TEMPLATES = (
     "what is the capital of {country}?", "write a poem about {thing}", "tell me about {thing}",
     "who is {name}?", "What is {thing}?", "I like {thing}", "where is {country}?", "say hi to {name}",
     "what is {a} times {b}?", "{a} minus {b}", "multiply {a} by {b}", "what is {a}?", "{a}", "is {a} big?",
+    "good evening", "sing a song", "are you a robot?", "what do you like?", "my name is {name}",
+    "how big is {country}?", "do you like {thing}?", "tell me about {name}", "open the door", "what is love?",
+    "What is {a} times {b}?", "What's {a} minus {b}?", "Compute {a} minus {b}", "calculate {a} times {b}",
+    "{a}*{b}", "{a} * {b}", "{a}-{b}", "{a} - {b}", "{a}/{b}", "{a} x {b}", "{a} times {b}=",
+    "take {a} from {b}", "{a} to the power of {b}", "is {a} more than {b}?", "what is half of {a}?",
+    "count to {a}", "what comes after {a}?", "{a} or {b}?", "multiply {a} and {b}", "what is {a} squared?",
 )
 _HELD_OUT_TEMPLATES = (
     "Hello!", "good morning", "can you help me?", "what are you?", "Who made you?", "bye",

@@ -70,30 +70,30 @@ class Settings:
     seed: int = 0
     max_operand: int = arithmetic.MAX_OPERAND
     d_model: int = 64
-    layers: int = 2
+    layers: int = 4
     heads: int = 4
     max_seq_len: int = 64
     held_out: int = 270
     off_task_held_out: int = 60
     demos: int = 1000
-    off_task_demos: int = 60
+    off_task_demos: int = 100
     sft_steps: int = 1500
-    sft_batch: int = 32
+    sft_batch: int = 64
     sft_lr: float = 3e-3
-    rl_steps: int = 600
-    prompts: int = 16
-    rl_off_task: int = 2
+    rl_steps: int = 250
+    prompts: int = 32
+    rl_off_task: int = 4
     group: int = 8
     temperature: float = 1.0
-    rl_lr: float = 5e-4
+    rl_lr: float = 1e-3
     clip_eps: float = 0.2
     kl_coef: float = 0.0
     dpo_lr: float = 1e-4
     beta: float = 0.1
-    eval_every: int = 100
+    eval_every: int = 50
 
 
-QUICK = replace(Settings(), sft_steps=1000, rl_steps=80, held_out=180, eval_every=50)
+QUICK = replace(Settings(), sft_steps=600, rl_steps=30, held_out=180, eval_every=100)
 TINY = Settings(d_model=16, layers=1, heads=2, held_out=18, off_task_held_out=4, demos=16, off_task_demos=4,
                 sft_steps=4, sft_batch=8, rl_steps=2, prompts=2, rl_off_task=1, group=3, eval_every=1)
 
@@ -201,6 +201,14 @@ def evaluate(labs: Labs, model, held, off) -> dict:
             "off_task": 100.0 * float(np.mean(refusal))}
 
 
+def decay(step: int, total: int, warmup: int = 10) -> float:
+    """The learning rate's factor at ``step`` (1 … total): a linear warm-up over ``warmup``
+    steps, then a cosine from 1 down to 0.1 at the last step."""
+    if step <= warmup:
+        return step / warmup
+    return 0.1 + 0.45 * (1.0 + np.cos(np.pi * (step - warmup) / max(1, total - warmup)))
+
+
 def _step(labs: Labs, opt, grads, lr: float) -> float:
     grads, norm = labs.training.clip_grad_norm(grads, 1.0)
     opt.lr = lr
@@ -252,7 +260,7 @@ def rl(labs: Labs, s: Settings, policy, reference, held, log, start):
         t0 = time.perf_counter()
         questions = stream.draw(s.prompts) + arithmetic.off_task(off_rng, s.rl_off_task)
         ids, mask, adv, mean_reward = rl_batch(labs, s, policy, questions, rng)
-        rl_update(labs, s, policy, reference, opt, ids, mask, adv)
+        rl_update(labs, s, policy, reference, opt, ids, mask, adv, s.rl_lr * decay(step, s.rl_steps))
         times.append(time.perf_counter() - t0)
         rewards.append(mean_reward)
         recent = float(np.mean(rewards[-10:]))
@@ -285,14 +293,14 @@ def rl_batch(labs: Labs, s: Settings, policy, problems, rng):
     return ids, mask, adv, float(rewards.mean())
 
 
-def rl_update(labs: Labs, s: Settings, policy, reference, opt, ids, mask, adv) -> None:
+def rl_update(labs: Labs, s: Settings, policy, reference, opt, ids, mask, adv, lr: float) -> None:
     """One AdamW step of GRPO on one sampled batch."""
     A = labs.assistant
     logp_old = A.token_logprobs(policy, ids)  # the sampling policy, fixed for this batch
     logp_ref = A.token_logprobs(reference, ids) if s.kl_coef > 0 else logp_old
     _, grads = A.rl_loss_and_grads(policy, ids, mask, logp_old, logp_ref, adv, clip_eps=s.clip_eps,
                                    kl_coef=s.kl_coef)
-    _step(labs, opt, grads, s.rl_lr)
+    _step(labs, opt, grads, lr)
 
 
 def dpo(labs: Labs, s: Settings, policy, reference, held, log, start):
