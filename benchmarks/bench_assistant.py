@@ -23,7 +23,7 @@ took.
 
 The report's table gives each figure's mean and range (lowest – highest) over the seeds,
 per thread count; ``--write`` also puts that table into docs/11_assistant.md between its
-``bench_assistant`` markers, which is where the lab's docs quote their figures from.
+``bench_assistant`` markers (the default sizes' or ``--quick``'s), which is where the lab's docs quote their figures from.
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ class TorchRL:
 
 
 DOC = common.ROOT / "docs" / "11_assistant.md"
-BEGIN, END = "<!-- BEGIN bench_assistant table -->", "<!-- END bench_assistant table -->"
+BEGIN, END = "<!-- BEGIN bench_assistant {}table -->", "<!-- END bench_assistant {}table -->"  # "" or "quick "
 
 
 def one(seed: int, threads: int, size: str, steps: int) -> dict:
@@ -327,6 +327,8 @@ def main() -> None:
     p.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # one run, in a process of its own
     args = p.parse_args()
     size = "tiny" if args.tiny else "quick" if args.quick else "default"
+    if args.write and size == "tiny":
+        p.error("--tiny measures nothing: it has no table to --write")
     if args.one is not None:
         print("RESULT " + json.dumps(one(args.one, args.threads, size, args.steps)), flush=True)
         return
@@ -384,11 +386,12 @@ def main() -> None:
                           + ", ".join(f"{st}: {acc:.1f}" for st, acc in r[f"{stage}_curve"]))
     print()
     if args.write:
+        begin, end = (mark.format("quick " if size == "quick" else "") for mark in (BEGIN, END))
         text = DOC.read_text(encoding="utf-8")
-        if BEGIN not in text or END not in text:
-            raise SystemExit(f"{DOC.name} has no {BEGIN} … {END} block to write the table into")
-        head, rest = text.split(BEGIN, 1)
-        DOC.write_text(head + BEGIN + "\n" + table + "\n" + END + rest.split(END, 1)[1], encoding="utf-8")
+        if begin not in text or end not in text:
+            raise SystemExit(f"{DOC.name} has no {begin} … {end} block to write the table into")
+        head, rest = text.split(begin, 1)
+        DOC.write_text(head + begin + "\n" + table + "\n" + end + rest.split(end, 1)[1], encoding="utf-8")
         print(f"wrote the table into docs/{DOC.name}")
     f = {n: [_figures(r) for r in runs[n]] for n in counts}
     key = counts[0]
