@@ -10,7 +10,7 @@ budget, each measured on held-out problems.
 
 The task is ``gptkit.arithmetic``'s: additions of numbers up to 49 asked in many
 phrasings built from pieces (``What is 27 + 15?``, ``27+15``, ``add 27 and 15``, ``27 plus 15``, …) and, for
-anything else, one fixed sentence (``I can only add two numbers.``), through a byte-level
+anything else, one fixed sentence (``I only add numbers.``), through a byte-level
 lab-10 tokenizer with the chat tokens.
 
 1. **SFT.** A GPT (lab 04) starts from random weights and learns from ``render_chat``'s

@@ -84,6 +84,17 @@ def test_questions_are_normalised_and_parsed_in_every_phrasing():
     held_off = arithmetic.held_out_off_task(0, 40)
     assert all(q.answer == arithmetic.REFUSAL for q in off + held_off)
     assert not {q.question for q in off} & {q.question for q in held_off}
+    # No off-task question reads as an addition: the task never asks for the sentence where a sum is right.
+    many = arithmetic.off_task(__import__("numpy").random.default_rng(1), 2000)
+    assert {q.question for q in many if arithmetic.parse_question(q.question)} == set()
+    assert not [q for q in arithmetic.held_out_off_task(1, 500) if arithmetic.parse_question(q.question)]
+
+
+def test_each_character_of_the_sentence_follows_from_the_two_before():
+    """docs/11_assistant.md: the sentence is chosen so that a small model does not garble it."""
+    s = arithmetic.REFUSAL
+    pairs = [s[i - 2:i] for i in range(2, len(s))]
+    assert len(set(pairs)) == len(pairs), [p for p in pairs if pairs.count(p) > 1]
 
 
 def test_the_chat_shows_an_empty_or_unfinished_answer_as_what_it_is():
