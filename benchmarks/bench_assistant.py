@@ -280,17 +280,24 @@ def _figures(r: dict) -> dict[str, float]:
 
 
 def _run_all(seeds: list[int], counts: list[int], args) -> dict[int, list[dict]]:
-    """Each (thread count, seed) run in a process of its own, ``--jobs`` at a time at most;
-    results by thread count, in seed order."""
+    """Each (thread count, seed) run in a process of its own, ``--jobs`` at a time at most,
+    and never more threads at once than the machine's cores (BLAS threads that wait on a
+    core another run holds spin, and a run slows many times over); results by thread
+    count, in seed order."""
+    import os
+
+    cores = os.cpu_count() or 1
     todo = [(n, seed) for n in counts for seed in seeds]
     running: list[tuple[int, int, subprocess.Popen]] = []
     done: dict[tuple[int, int], dict] = {}
     while todo or running:
-        while todo and len(running) < max(1, args.jobs):
+        busy = sum(n for n, _, _ in running)
+        while todo and len(running) < max(1, args.jobs) and (not running or busy + todo[0][0] <= cores):
             n, seed = todo.pop(0)
             cmd = [sys.executable, __file__, "--one", str(seed), "--threads", str(n), "--steps", str(args.steps)]
             cmd += ["--quick"] if args.quick else ["--tiny"] if args.tiny else []
             running.append((n, seed, subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)))
+            busy += n
         n, seed, proc = running.pop(0)
         out, _ = proc.communicate()
         if proc.returncode != 0:
@@ -317,7 +324,7 @@ def main() -> None:
     size.add_argument("--tiny", action="store_true", help="the pipeline's --tiny sizes: checks this script, measures nothing")
     p.add_argument("--write", action="store_true", help="put the table into docs/11_assistant.md")
     p.add_argument("--jobs", type=int, default=1,
-                   help="runs at once (default 1: each run alone); more share the cores, so their times are loaded")
+                   help="runs at once (default 1); the threads of the runs at once never exceed the cores")
     p.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # one run, in a process of its own
     args = p.parse_args()
     size = "tiny" if args.tiny else "quick" if args.quick else "default"

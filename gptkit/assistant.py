@@ -24,7 +24,8 @@ lab-10 tokenizer with the chat tokens.
    per prompt length and answer room), scores them (``reward``),
    normalises the rewards within each question's group (``group_advantages``), and takes an
    AdamW step on ``rl_loss_and_grads`` (clipped ratio to the sampling policy, k3 KL to the
-   frozen SFT model).
+   frozen SFT model) at ``--rl-lr`` after a 10-step warm-up, down a cosine to a tenth of it
+   at the last step (``decay``).
 3. **DPO.** From the same SFT model, with the same budget: as many answers sampled from
    the SFT model (to as many fresh questions) as RL samples in all, paired into (right,
    wrong) answers to the same question, and as many AdamW steps on
