@@ -280,10 +280,11 @@ def _figures(r: dict) -> dict[str, float]:
 
 
 def _run_all(seeds: list[int], counts: list[int], args) -> dict[int, list[dict]]:
-    """Each (thread count, seed) run in a process of its own, ``--jobs`` at a time at most,
-    and never more threads at once than the machine's cores (BLAS threads that wait on a
-    core another run holds spin, and a run slows many times over); results by thread
-    count, in seed order."""
+    """Each (thread count, seed) run in a process of its own, ``--jobs`` at a time at most;
+    a run with more than one BLAS thread starts only where its threads and those of the runs
+    already going fit in the machine's cores (BLAS threads that wait on a core another run
+    holds spin, and such a run slows many times over). Results by thread count, in seed
+    order."""
     import os
 
     cores = os.cpu_count() or 1
@@ -292,7 +293,8 @@ def _run_all(seeds: list[int], counts: list[int], args) -> dict[int, list[dict]]
     done: dict[tuple[int, int], dict] = {}
     while todo or running:
         busy = sum(n for n, _, _ in running)
-        while todo and len(running) < max(1, args.jobs) and (not running or busy + todo[0][0] <= cores):
+        while todo and len(running) < max(1, args.jobs) and (not running or todo[0][0] == 1 or
+                                                             busy + todo[0][0] <= cores):
             n, seed = todo.pop(0)
             cmd = [sys.executable, __file__, "--one", str(seed), "--threads", str(n), "--steps", str(args.steps)]
             cmd += ["--quick"] if args.quick else ["--tiny"] if args.tiny else []
@@ -324,7 +326,7 @@ def main() -> None:
     size.add_argument("--tiny", action="store_true", help="the pipeline's --tiny sizes: checks this script, measures nothing")
     p.add_argument("--write", action="store_true", help="put the table into docs/11_assistant.md")
     p.add_argument("--jobs", type=int, default=1,
-                   help="runs at once (default 1); the threads of the runs at once never exceed the cores")
+                   help="runs at once (default 1); a run with several threads waits until they fit in the cores")
     p.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)  # one run, in a process of its own
     args = p.parse_args()
     size = "tiny" if args.tiny else "quick" if args.quick else "default"
