@@ -89,12 +89,13 @@ def test_pool_runs_each_block_once_with_blas_at_one_thread():
             twice = sorted({b for b in ran if ran.count(b) > 1})
             skipped = [b for b in want if b not in ran]
             assert ran == want, (
-                f"RowPool(3, min_rows=4, blocks_per_thread=2).map(fn, {n}, min_rows={min_rows}) called fn on {ran}; "
+                (f"run more than once: {twice} (two workers took the same block: each number of the shared counter "
+                 "must go to one worker only). " if twice else "")
+                + (f"never run: {skipped} (the workers must take every block, from the first, until none is left). "
+                   if skipped else "")
+                + f"RowPool(3, min_rows=4, blocks_per_thread=2).map(fn, {n}, min_rows={min_rows}) called fn on {ran}; "
                 f"want each block of row_blocks({n}, 3 × 2, {4 if min_rows is None else min_rows}) exactly once: "
-                f"{want}" + (f"; run more than once: {twice} (two workers took the same block: each number of the "
-                             "shared counter must go to one worker only)" if twice else "")
-                + (f"; never run: {skipped} (the workers must take every block, from the first, until none is "
-                   "left)" if skipped else ""))
+                f"{want}")
             assert [tuple(b) for b in pool.last_blocks] == want, \
                 "RowPool.map records the blocks it handed out in last_blocks, in order of their rows"
             assert all(b == 1 for *_, b in seen), (
@@ -141,7 +142,9 @@ def test_a_free_thread_takes_the_blocks_of_a_stuck_one():
         assert ran == _expected_blocks(n, n, 1), (
             f"with one pool thread stuck, RowPool({threads}).map(fn, {n}) ran {ran}: want each of the {n} one-row "
             "blocks once")
-        assert any(here for _, _, here, _ in log.calls), (
+        # With one pool thread, held on its block, only the calling thread can run the others.
+        # (With two, the second may take them all before the calling thread starts: no check.)
+        assert threads > 2 or any(here for _, _, here, _ in log.calls), (
             "no block ran in the calling thread: it takes blocks too (the pool has threads − 1 threads, and "
             "the calling thread would only wait)")
 
