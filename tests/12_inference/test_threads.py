@@ -1,12 +1,17 @@
-"""Lab 12 · every core: row blocks, a thread pool that holds BLAS to one thread while its
-blocks run, and the fast forward with its work between the products on that pool.
+"""Lab 12 · every core: row blocks, a thread pool whose threads take the blocks one at a
+time while BLAS is held to one thread, and the fast forward with its work between the
+products on that pool.
 
 Nothing is timed: the blocks are checked against how they are stated (in order, covering
 every row once, sizes within one row, as many as asked or as ``min_rows`` allows), the pool
-for running each block once with BLAS at one thread (and BLAS's count restored after), and
-the threaded forward for giving the single-threaded forward's logits and for handing its
-work out in the maps its docstring names. The tests pass whatever the machine's cores: a
-pool of three threads on one core runs the same blocks, only not at the same time.
+for running each block exactly once with BLAS at one thread (and BLAS's count restored
+after), and for letting its free threads, the calling one too, take the blocks of a thread
+that is stuck (the given ``BlockLog(hold=…)`` holds one pool thread's block until the others
+are done: a pool that handed blocks out in advance leaves it waiting, and the log gives up
+with an error after a few seconds, a guard against a hang rather than a timing); the
+threaded forward for giving the single-threaded pool's logits bit for bit and for handing
+its work out in the maps its docstring names. The tests pass whatever the machine's cores:
+a pool of three threads on one core runs the same blocks, only not at the same time.
 """
 
 import numpy as np
@@ -71,30 +76,77 @@ def test_row_blocks_cover_every_row_once_in_even_blocks(n, parts, min_rows):
 def test_pool_runs_each_block_once_with_blas_at_one_thread():
     before = I.blas_threads(2)  # a count the map has to change and then restore
     held = I.blas_threads()  # 2, or 1 where this BLAS runs on one thread only (or cannot be set)
-    pool = I.RowPool(3, min_rows=4)
+    pool = I.RowPool(3, min_rows=4, blocks_per_thread=2)
     try:
         for n, min_rows in ((100, None), (9, None), (9, 1), (2, 1)):
             log = I.BlockLog()
-            with explains_errors(f"RowPool(3, min_rows=4).map(fn, {n}, min_rows={min_rows})",
+            with explains_errors(f"RowPool(3, min_rows=4, blocks_per_thread=2).map(fn, {n}, min_rows={min_rows})",
                                  "map calls fn(start, stop) once per block of row_blocks"):
                 pool.map(log, n, min_rows=min_rows)
             seen = [tuple(c) for c in log.calls]
-            want = _expected_blocks(n, 3, 4 if min_rows is None else min_rows)
-            assert sorted((a, b) for a, b, _, _ in seen) == want, (
-                f"RowPool(3, min_rows=4).map(fn, {n}, min_rows={min_rows}) called fn on {sorted(s[:2] for s in seen)}; "
-                f"want each block of row_blocks({n}, 3, {4 if min_rows is None else min_rows}) once: {want}")
+            want = _expected_blocks(n, 3 * 2, 4 if min_rows is None else min_rows)
+            ran = sorted((a, b) for a, b, _, _ in seen)
+            twice = sorted({b for b in ran if ran.count(b) > 1})
+            skipped = [b for b in want if b not in ran]
+            assert ran == want, (
+                (f"run more than once: {twice} (two workers took the same block: each number of the shared counter "
+                 "must go to one worker only). " if twice else "")
+                + (f"never run: {skipped} (the workers must take every block, from the first, until none is left). "
+                   if skipped else "")
+                + f"RowPool(3, min_rows=4, blocks_per_thread=2).map(fn, {n}, min_rows={min_rows}) called fn on {ran}; "
+                f"want each block of row_blocks({n}, 3 × 2, {4 if min_rows is None else min_rows}) exactly once: "
+                f"{want}")
             assert [tuple(b) for b in pool.last_blocks] == want, \
-                "RowPool.map records the blocks it handed out in last_blocks"
+                "RowPool.map records the blocks it handed out in last_blocks, in order of their rows"
             assert all(b == 1 for *_, b in seen), (
                 f"BLAS ran at {[b for *_, b in seen]} threads inside the blocks: hold it at one thread "
                 "(blas_threads(1)) while the blocks run, or each worker's products start their own threads")
-            last = [here for a, b, here, _ in seen if (a, b) == want[-1]]
-            assert last == [True], "the last block runs in the calling thread (the pool has threads − 1)"
             assert I.blas_threads() == held, \
                 f"after map, BLAS is back at its count before ({held}), not {I.blas_threads()}"
     finally:
         pool.close()
         I.blas_threads(before)
+
+
+def test_pool_hands_out_more_blocks_than_threads_by_default():
+    pool = I.RowPool(2)
+    try:
+        log = I.BlockLog()
+        pool.map(log, 1000)
+        per_thread = pool.blocks_per_thread
+    finally:
+        pool.close()
+    want = _expected_blocks(1000, 2 * per_thread, 16)
+    assert per_thread > 1, (
+        f"RowPool(2).blocks_per_thread is {per_thread}: by default a map cuts its rows into several blocks per thread, "
+        "so that a free thread can take over blocks a slow one has not reached")
+    assert sorted((a, b) for a, b, _, _ in log.calls) == want and [tuple(b) for b in pool.last_blocks] == want, (
+        f"RowPool(2).map(fn, 1000) ran {sorted((a, b) for a, b, _, _ in log.calls)[:8]} …; want each block of "
+        f"row_blocks(1000, 2 × blocks_per_thread = {2 * per_thread}, min_rows=16) once: {want[:8]} …")
+
+
+def test_a_free_thread_takes_the_blocks_of_a_stuck_one():
+    for threads in (2, 3):
+        pool = I.RowPool(threads, min_rows=1, blocks_per_thread=4)
+        try:
+            n = 4 * threads
+            log = I.BlockLog(hold=n - 1)  # the first block a pool thread takes waits for all the others
+            with explains_errors(f"RowPool({threads}, min_rows=1, blocks_per_thread=4).map(fn, {n}) with one pool "
+                                 "thread stuck on its first block",
+                                 "every thread, the calling one too, takes the next block nobody has taken, until "
+                                 "none is left"):
+                pool.map(log, n)
+        finally:
+            pool.close()
+        ran = sorted((a, b) for a, b, _, _ in log.calls)
+        assert ran == _expected_blocks(n, n, 1), (
+            f"with one pool thread stuck, RowPool({threads}).map(fn, {n}) ran {ran}: want each of the {n} one-row "
+            "blocks once")
+        # With one pool thread, held on its block, only the calling thread can run the others.
+        # (With two, the second may take them all before the calling thread starts: no check.)
+        assert threads > 2 or any(here for _, _, here, _ in log.calls), (
+            "no block ran in the calling thread: it takes blocks too (the pool has threads − 1 threads, and "
+            "the calling thread would only wait)")
 
 
 def test_pool_raises_a_blocks_error_and_restores_blas():
@@ -118,7 +170,8 @@ def test_one_thread_runs_in_the_calling_thread():
     finally:
         pool.close()
     seen = [tuple(c) for c in log.calls]
-    assert [(a, b) for a, b, _, _ in seen] == [(0, 50)], "a pool of one thread runs one block, all rows"
+    assert [(a, b) for a, b, _, _ in seen] == [(0, 50)], \
+        "a pool of one thread runs one block, all rows (there is no other thread to hand blocks to)"
     assert seen[0][2], "a pool of one thread runs its block in the calling thread"
 
 
@@ -129,8 +182,9 @@ def test_threaded_forward_equals_the_single_threaded_one():
     ids = f["ids"]
     B, T = ids.shape
     single = I.fast_forward(model, ids, block_q=8, block_k=8)
-    for threads in (1, 2, 3, 5):
-        pool = I.RowPool(threads, min_rows=4)
+    one = None
+    for threads, per_thread in ((1, 4), (2, 1), (2, 4), (3, 3), (5, 2)):
+        pool = I.RowPool(threads, min_rows=4, blocks_per_thread=per_thread)
         try:
             with explains_errors(f"threaded_forward(model, ids ({B}, {T}), RowPool({threads}), block_q=8, block_k=8)",
                                  "the same layers as fast_forward, the work between products in pool.map"):
@@ -140,6 +194,12 @@ def test_threaded_forward_equals_the_single_threaded_one():
         assert_close(got, single, what=f"threaded_forward with {threads} thread(s) against fast_forward", atol=1e-5)
         assert_close(got, f["logits"], what=f"threaded_forward with {threads} thread(s) (lab 04's model(ids) is the "
                      "reference)", atol=1e-4)
+        one = got if one is None else one
+        diff = float(np.abs(got - one).max())
+        assert np.array_equal(got, one), (
+            f"threaded_forward with RowPool({threads}, blocks_per_thread={per_thread}) differs from RowPool(1)'s by up "
+            f"to {diff:.2e}: each row's softmax, GELU, LayerNorm and residual are the same arithmetic whichever "
+            "thread runs its block, so the logits are equal to the bit (every block run once, none skipped)")
     out = np.full((B, T, V), np.nan, np.float32)
     pool = I.RowPool(2)
     try:
@@ -156,7 +216,7 @@ def test_threaded_forward_hands_its_work_to_the_pool():
     model, f = _model()
     ids = f["ids"]
     B, T = ids.shape
-    pool = I.RowPool(3, min_rows=4)
+    pool = I.RowPool(3, min_rows=4, blocks_per_thread=2)
     try:
         I.threaded_forward(model, ids, pool, block_q=8, block_k=8)
         calls = [int(n) for n in pool.maps]
@@ -173,8 +233,8 @@ def test_threaded_forward_hands_its_work_to_the_pool():
         "blocks of the (B·T, ·) arrays, starting with block 0's ln_1")
     assert calls.count(B * HEADS) >= LAYERS, (
         f"each block copies c_attn's output into heads in a map over its B·H = {B * HEADS} heads; maps: {calls}")
-    assert calls[-1] == B * T and last == _expected_blocks(B * T, 3, 4), (
-        f"the last map (bias, residual and ln_f over the B·T rows) handed out {last}: row_blocks({B * T}, 3, 4)")
+    assert calls[-1] == B * T and last == _expected_blocks(B * T, 3 * 2, 4), (
+        f"the last map (bias, residual and ln_f over the B·T rows) handed out {last}: row_blocks({B * T}, 3 × 2, 4)")
 
 
 def test_threaded_forward_checks_its_input():

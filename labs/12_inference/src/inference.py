@@ -25,9 +25,10 @@ The parts, in the order the README's tasks take them:
   lookup), ``speculative_greedy``, ``accept_or_resample``, ``speculative_sample``;
 - weight-only int8: ``quantize_int8``, ``dequantize_int8``, ``Int8Linear``,
   ``Int8Embedding`` (given), ``quantize_model``;
-- every core: ``row_blocks`` (rows split for threads), ``RowPool`` (a thread pool made once;
-  ``map`` runs row blocks with BLAS at one thread), ``threaded_forward`` (``fast_forward``
-  with the work between the products on the pool); ``blas_threads`` is given.
+- every core: ``row_blocks`` (rows split into blocks), ``RowPool`` (a thread pool made once;
+  ``map`` runs row blocks with BLAS at one thread, each block taken by the next free thread),
+  ``threaded_forward`` (``fast_forward`` with the work between the products on the pool);
+  ``blas_threads`` is given.
 
 What each part reuses: lab 04's ``GPTModel`` and its sub-layers (the parameters, and the
 layers' own ``__call__`` for the products, so an int8 model runs through the same code),
@@ -37,6 +38,7 @@ lab 06's ``generate`` (what the decoders here must reproduce token for token) an
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import time
@@ -867,7 +869,8 @@ def blas_threads(n: int | None = None) -> int:
 
 
 def row_blocks(n: int, parts: int, min_rows: int = 1) -> list[tuple[int, int]]:
-    """Split rows 0 … n−1 into consecutive blocks for ``parts`` workers.
+    """Split rows 0 … n−1 into ``parts`` consecutive blocks (``RowPool.map`` asks for
+    several per thread, for its threads to take one at a time).
 
     The blocks are ``(start, stop)`` pairs in order, covering every row once, their sizes
     differing by at most one row (the larger ones first). There are ``parts`` of them, fewer
@@ -888,22 +891,29 @@ class RowPool:
     """A pool of threads for NumPy work on row blocks, made once and used by every call.
 
     NumPy releases Python's global interpreter lock (GIL) inside a ufunc's loop and a BLAS
-    call, so threads that each run NumPy on their own rows use as many cores. ``map`` hands
-    the blocks of ``row_blocks`` to the threads and holds BLAS to one thread while they run:
-    ``threads`` workers each calling a BLAS that starts its own threads would ask for
-    threads × BLAS threads cores (oversubscription).
+    call, so threads that each run NumPy on their own rows use as many cores. ``map`` cuts
+    the rows into ``blocks_per_thread`` blocks per thread and lets every thread, the calling
+    one too, take the next block nobody has taken whenever it is free, until none is left: a
+    map lasts as long as its slowest thread, and a thread slowed down (a core busy with
+    other work, a block that costs more) then holds up one small block, not a share of the
+    rows fixed in advance. It holds BLAS to one thread while the blocks run: ``threads``
+    workers each calling a BLAS that starts its own threads would ask for threads × BLAS
+    threads cores (oversubscription).
 
     Attributes:
-        threads: the workers (the calling thread runs one block itself; ``threads − 1``
-            threads in the pool). 1: no pool, every block runs in the calling thread.
+        threads: the workers (the calling thread works too; ``threads − 1`` threads in the
+            pool). 1: no pool, the calling thread runs all the rows as one block.
         min_rows: the fewest rows worth a block of their own (``row_blocks``).
-        last_blocks: the blocks of the latest ``map`` call, as handed out.
+        blocks_per_thread: blocks per thread in a map (``row_blocks(n, threads ×
+            blocks_per_thread, min_rows)``): more balance better, each costs a hand-out.
+        last_blocks: the blocks of the latest ``map`` call, in order of their rows.
         maps: the ``n`` of every ``map`` call so far, in order.
     """
 
-    def __init__(self, threads: int, *, min_rows: int = 16):
+    def __init__(self, threads: int, *, min_rows: int = 16, blocks_per_thread: int = 4):
         self.threads = check_length(threads, "threads")
         self.min_rows = check_length(min_rows, "min_rows")
+        self.blocks_per_thread = check_length(blocks_per_thread, "blocks_per_thread")
         self.last_blocks: list[tuple[int, int]] = []
         self.maps: list[int] = []
         self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="rowpool") if self.threads > 1 else None
@@ -920,15 +930,17 @@ class RowPool:
         self.close()
 
     def map(self, fn, n: int, *, min_rows: int | None = None) -> None:
-        """Call ``fn(start, stop)`` once for each block of ``row_blocks(n, self.threads,
-        min_rows or self.min_rows)``: all blocks but the last in the pool's threads, the last
-        in the calling thread, with NumPy's BLAS at one thread until every block has
-        finished (then back to its count before). ``fn`` writes its rows in place (its
-        return value is ignored); an exception raised in a block is raised here. Records
-        the blocks in ``last_blocks`` (``maps`` records each call's ``n``: given)."""
+        """Call ``fn(start, stop)`` once for each block of ``row_blocks(n, threads ×
+        blocks_per_thread, min_rows or self.min_rows)`` (one block when ``threads`` is 1),
+        with NumPy's BLAS at one thread until every block has finished (then back to its
+        count before). The calling thread and up to ``threads − 1`` of the pool's threads
+        each take the next block not yet taken, run it, and come back for another, until
+        none is left. ``fn`` writes its rows in place (its return value is ignored); an
+        exception raised in a block is raised here, after the other threads have stopped.
+        Records the blocks in ``last_blocks`` (``maps`` records each call's ``n``: given)."""
         self.maps.append(int(n))
         # YOUR CODE HERE
-        raise NotImplementedError('Lab 12 · RowPool.map: the blocks; BLAS to one thread (blas_threads(1) returns the count to restore); submit all blocks but the last, run the last here, wait for the others (result() re-raises); restore BLAS even on an error')
+        raise NotImplementedError("Lab 12 · RowPool.map: the blocks (threads × blocks_per_thread of them, one for one thread); a counter shared by the workers (itertools.count: next() hands each number to one thread only); a worker runs blocks[next(counter)] until the numbers pass the last block; threads − 1 workers in the pool (no more than blocks), one here; BLAS to one thread (blas_threads(1) returns the count to restore); wait for the pool's workers (result() re-raises); restore BLAS even on an error")
 
 
 class BlockLog:
@@ -936,17 +948,38 @@ class BlockLog:
     ``(start, stop, in_caller, blas)`` per block, ``in_caller`` True when the block ran in
     the thread that made this log (the one that calls ``map``), ``blas`` the BLAS thread
     count inside the block. With ``fail_at``, the block starting there raises
-    ZeroDivisionError (an error inside a pool thread)."""
+    ZeroDivisionError (an error inside a pool thread). With ``hold``, the first block to
+    start in a pool thread waits until ``hold`` other blocks have finished (a thread stuck
+    on a busy core): a pool whose free threads take the remaining blocks lets it go on; one
+    that gave that thread more blocks in advance leaves it waiting, and after ``patience``
+    seconds it raises TimeoutError. ``held`` is that block, None when no pool thread ran one."""
 
-    def __init__(self, fail_at: int | None = None):
+    def __init__(self, fail_at: int | None = None, *, hold: int | None = None, patience: float = 10.0):
         self.fail_at, self.calls, self._caller = fail_at, [], threading.get_ident()
+        self.hold, self.patience, self.held, self._finished = hold, patience, None, 0
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
 
     def __call__(self, start: int, stop: int) -> None:
         with self._lock:
-            self.calls.append((int(start), int(stop), threading.get_ident() == self._caller, blas_threads()))
-        if self.fail_at is not None and start == self.fail_at:
-            raise ZeroDivisionError(f"block {start} … {stop} failed (BlockLog(fail_at={self.fail_at}))")
+            here = threading.get_ident() == self._caller
+            self.calls.append((int(start), int(stop), here, blas_threads()))
+            wait = self.hold is not None and self.held is None and not here
+            if wait:
+                self.held = (int(start), int(stop))
+                if not self._changed.wait_for(lambda: self._finished >= self.hold, timeout=self.patience):
+                    raise TimeoutError(
+                        f"block {start} … {stop} (in a pool thread) waited {self.patience:g} s for {self.hold} other "
+                        f"blocks to finish and {self._finished} did: the other threads, the calling one among them, did not "
+                        "take the remaining blocks (were they given to this thread in advance, or does the calling "
+                        "thread only wait?)")
+        try:
+            if self.fail_at is not None and start == self.fail_at:
+                raise ZeroDivisionError(f"block {start} … {stop} failed (BlockLog(fail_at={self.fail_at}))")
+        finally:
+            with self._lock:
+                self._finished += 1
+                self._changed.notify_all()
 
 
 def _product(layer, x: np.ndarray, out: np.ndarray):

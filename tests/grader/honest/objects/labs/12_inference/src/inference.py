@@ -23,6 +23,7 @@ from threadpoolctl import ThreadpoolController
 from abc import ABC, abstractmethod
 from collections import namedtuple
 from dataclasses import asdict, dataclass, field
+from queue import Empty, SimpleQueue
 
 # Rows of an int8 weight dequantised at once by ``Int8Linear``: a tile of about 64K float32
 # numbers (256 KB) stays in the processor's cache while its product runs.
@@ -1239,7 +1240,8 @@ def blas_threads(n: int | None = None) -> int:
 
 
 def row_blocks(n: int, parts: int, min_rows: int = 1) -> list[tuple[int, int]]:
-    """Split rows 0 … n−1 into consecutive blocks for ``parts`` workers.
+    """Split rows 0 … n−1 into ``parts`` consecutive blocks (``RowPool.map`` asks for
+    several per thread, for its threads to take one at a time).
 
     The blocks are ``(start, stop)`` pairs in order, covering every row once, their sizes
     differing by at most one row (the larger ones first). There are ``parts`` of them, fewer
@@ -1267,22 +1269,29 @@ class RowPool:
     """A pool of threads for NumPy work on row blocks, made once and used by every call.
 
     NumPy releases Python's global interpreter lock (GIL) inside a ufunc's loop and a BLAS
-    call, so threads that each run NumPy on their own rows use as many cores. ``map`` hands
-    the blocks of ``row_blocks`` to the threads and holds BLAS to one thread while they run:
-    ``threads`` workers each calling a BLAS that starts its own threads would ask for
-    threads × BLAS threads cores (oversubscription).
+    call, so threads that each run NumPy on their own rows use as many cores. ``map`` cuts
+    the rows into ``blocks_per_thread`` blocks per thread and lets every thread, the calling
+    one too, take the next block nobody has taken whenever it is free, until none is left: a
+    map lasts as long as its slowest thread, and a thread slowed down (a core busy with
+    other work, a block that costs more) then holds up one small block, not a share of the
+    rows fixed in advance. It holds BLAS to one thread while the blocks run: ``threads``
+    workers each calling a BLAS that starts its own threads would ask for threads × BLAS
+    threads cores (oversubscription).
 
     Attributes:
-        threads: the workers (the calling thread runs one block itself; ``threads − 1``
-            threads in the pool). 1: no pool, every block runs in the calling thread.
+        threads: the workers (the calling thread works too; ``threads − 1`` threads in the
+            pool). 1: no pool, the calling thread runs all the rows as one block.
         min_rows: the fewest rows worth a block of their own (``row_blocks``).
-        last_blocks: the blocks of the latest ``map`` call, as handed out.
+        blocks_per_thread: blocks per thread in a map (``row_blocks(n, threads ×
+            blocks_per_thread, min_rows)``): more balance better, each costs a hand-out.
+        last_blocks: the blocks of the latest ``map`` call, in order of their rows.
         maps: the ``n`` of every ``map`` call so far, in order.
     """
 
-    def __init__(self, threads: int, *, min_rows: int = 16):
+    def __init__(self, threads: int, *, min_rows: int = 16, blocks_per_thread: int = 4):
         self.threads = check_length(threads, "threads")
         self.min_rows = check_length(min_rows, "min_rows")
+        self.blocks_per_thread = check_length(blocks_per_thread, "blocks_per_thread")
         self.last_blocks: list[tuple[int, int]] = []
         self.maps: list[int] = []
         self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="rowpool") if self.threads > 1 else None
@@ -1299,28 +1308,41 @@ class RowPool:
         self.close()
 
     def map(self, fn, n: int, *, min_rows: int | None = None) -> None:
-        """Call ``fn(start, stop)`` once for each block of ``row_blocks(n, self.threads,
-        min_rows or self.min_rows)``: all blocks but the last in the pool's threads, the last
-        in the calling thread, with NumPy's BLAS at one thread until every block has
-        finished (then back to its count before). ``fn`` writes its rows in place (its
-        return value is ignored); an exception raised in a block is raised here. Records
-        the blocks in ``last_blocks`` (``maps`` records each call's ``n``: given)."""
+        """Call ``fn(start, stop)`` once for each block of ``row_blocks(n, threads ×
+        blocks_per_thread, min_rows or self.min_rows)`` (one block when ``threads`` is 1),
+        with NumPy's BLAS at one thread until every block has finished (then back to its
+        count before). The calling thread and up to ``threads − 1`` of the pool's threads
+        each take the next block not yet taken, run it, and come back for another, until
+        none is left. ``fn`` writes its rows in place (its return value is ignored); an
+        exception raised in a block is raised here, after the other threads have stopped.
+        Records the blocks in ``last_blocks`` (``maps`` records each call's ``n``: given)."""
         self.maps.append(int(n))
+        parts = self.threads * self.blocks_per_thread if self.threads > 1 else 1
         rows = self.min_rows if min_rows is None else min_rows
-        self.last_blocks = row_blocks(n, self.threads, rows)
+        self.last_blocks = row_blocks(n, parts, rows)
         if not self.last_blocks:
             return
+        todo = SimpleQueue()  # the blocks not yet taken; get_nowait hands each to one worker
+        for block in self.last_blocks:
+            todo.put(block)
+
+        def work():
+            while True:
+                try:
+                    a, b = todo.get_nowait()
+                except Empty:
+                    return
+                fn(a, b)
+
         restore_to = blas_threads(1)
         try:
             jobs = []
-            for a, b in self.last_blocks[:-1]:
-                if self._pool is None:
-                    fn(a, b)
-                else:
-                    jobs.append(self._pool.submit(fn, a, b))
+            if self._pool is not None:
+                for _ in range(min(self.threads, len(self.last_blocks)) - 1):
+                    jobs.append(self._pool.submit(work))
             error = None
             try:
-                fn(*self.last_blocks[-1])
+                work()
             except BaseException as exc:
                 error = exc
             for job in jobs:
@@ -1336,17 +1358,38 @@ class BlockLog:
     ``(start, stop, in_caller, blas)`` per block, ``in_caller`` True when the block ran in
     the thread that made this log (the one that calls ``map``), ``blas`` the BLAS thread
     count inside the block. With ``fail_at``, the block starting there raises
-    ZeroDivisionError (an error inside a pool thread)."""
+    ZeroDivisionError (an error inside a pool thread). With ``hold``, the first block to
+    start in a pool thread waits until ``hold`` other blocks have finished (a thread stuck
+    on a busy core): a pool whose free threads take the remaining blocks lets it go on; one
+    that gave that thread more blocks in advance leaves it waiting, and after ``patience``
+    seconds it raises TimeoutError. ``held`` is that block, None when no pool thread ran one."""
 
-    def __init__(self, fail_at: int | None = None):
+    def __init__(self, fail_at: int | None = None, *, hold: int | None = None, patience: float = 10.0):
         self.fail_at, self.calls, self._caller = fail_at, [], threading.get_ident()
+        self.hold, self.patience, self.held, self._finished = hold, patience, None, 0
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
 
     def __call__(self, start: int, stop: int) -> None:
         with self._lock:
-            self.calls.append((int(start), int(stop), threading.get_ident() == self._caller, blas_threads()))
-        if self.fail_at is not None and start == self.fail_at:
-            raise ZeroDivisionError(f"block {start} … {stop} failed (BlockLog(fail_at={self.fail_at}))")
+            here = threading.get_ident() == self._caller
+            self.calls.append((int(start), int(stop), here, blas_threads()))
+            wait = self.hold is not None and self.held is None and not here
+            if wait:
+                self.held = (int(start), int(stop))
+                if not self._changed.wait_for(lambda: self._finished >= self.hold, timeout=self.patience):
+                    raise TimeoutError(
+                        f"block {start} … {stop} (in a pool thread) waited {self.patience:g} s for {self.hold} other "
+                        f"blocks to finish and {self._finished} did: the other threads, the calling one among them, did not "
+                        "take the remaining blocks (were they given to this thread in advance, or does the calling "
+                        "thread only wait?)")
+        try:
+            if self.fail_at is not None and start == self.fail_at:
+                raise ZeroDivisionError(f"block {start} … {stop} failed (BlockLog(fail_at={self.fail_at}))")
+        finally:
+            with self._lock:
+                self._finished += 1
+                self._changed.notify_all()
 
 
 def _product(layer, x: np.ndarray, out: np.ndarray):
