@@ -23,7 +23,8 @@ took.
 
 The report's table gives each figure's mean and range (lowest – highest) over the seeds,
 per thread count; ``--write`` also puts that table into docs/11_assistant.md between its
-``bench_assistant`` markers (the default sizes' or ``--quick``'s), which is where the lab's docs quote their figures from.
+``bench_assistant`` markers (the default sizes' or ``--quick``'s), which is where the lab's
+docs quote their figures from.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import argparse
 import copy
 import datetime
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -285,8 +287,6 @@ def _run_all(seeds: list[int], counts: list[int], args) -> dict[int, list[dict]]
     already going fit in the machine's cores (BLAS threads that wait on a core another run
     holds spin, and such a run slows many times over). Results by thread count, in seed
     order."""
-    import os
-
     cores = os.cpu_count() or 1
     todo = [(n, seed) for n in counts for seed in seeds]
     running: list[tuple[int, int, subprocess.Popen]] = []
