@@ -1288,10 +1288,11 @@ class RowPool:
         maps: the ``n`` of every ``map`` call so far, in order.
     """
 
-    def __init__(self, threads: int, *, min_rows: int = 16, blocks_per_thread: int = 4):
+    def __init__(self, threads: int, *, min_rows: int = 16, blocks_per_thread: int | None = None):
         self.threads = check_length(threads, "threads")
         self.min_rows = check_length(min_rows, "min_rows")
-        self.blocks_per_thread = check_length(blocks_per_thread, "blocks_per_thread")
+        self.blocks_per_thread = (max(1, 8 // self.threads) if blocks_per_thread is None
+                                  else check_length(blocks_per_thread, "blocks_per_thread"))
         self.last_blocks: list[tuple[int, int]] = []
         self.maps: list[int] = []
         self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="rowpool") if self.threads > 1 else None
