@@ -123,10 +123,14 @@ def test_pool_hands_out_more_blocks_than_threads_by_default():
     assert sorted((a, b) for a, b, _, _ in log.calls) == want and [tuple(b) for b in pool.last_blocks] == want, (
         f"RowPool(2).map(fn, 1000) ran {sorted((a, b) for a, b, _, _ in log.calls)[:8]} …; want each block of "
         f"row_blocks(1000, 2 × blocks_per_thread = {2 * per_thread}, min_rows=16) once: {want[:8]} …")
-    with I.RowPool(16) as many:
-        assert (per_thread, many.blocks_per_thread) == (4, 1), (
-            f"RowPool(2) and RowPool(16) cut {per_thread} and {many.blocks_per_thread} blocks per thread by default; "
-            "the README gives 8 // threads, at least 1 (4 on 2 threads, 1 from 8 threads on)")
+    many = I.RowPool(16)
+    try:
+        wide = many.blocks_per_thread
+    finally:
+        many.close()
+    assert (per_thread, wide) == (4, 1), (
+        f"RowPool(2) and RowPool(16) cut {per_thread} and {wide} blocks per thread by default; the README gives "
+        "8 // threads, at least 1 (4 on 2 threads, 1 from 8 threads on)")
 
 
 def test_a_free_thread_takes_the_blocks_of_a_stuck_one():
