@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from gptkit import arithmetic
@@ -81,12 +82,12 @@ def test_questions_are_normalised_and_parsed_in_every_phrasing():
         parsed = arithmetic.parse_question(problem.question)  # any phrasing that reads the same numbers
         assert (parsed.a, parsed.b, parsed.answer) == (12, 35, "47") and problem.answer == "47"
     assert arithmetic.parse_question("hello") is None
-    off = arithmetic.off_task(__import__("numpy").random.default_rng(0), 40)
+    off = arithmetic.off_task(np.random.default_rng(0), 40)
     held_off = arithmetic.held_out_off_task(0, 40)
     assert all(q.answer == arithmetic.REFUSAL for q in off + held_off)
     assert not {q.question for q in off} & {q.question for q in held_off}
     # No off-task question reads as an addition: the task never asks for the sentence where a sum is right.
-    many = arithmetic.off_task(__import__("numpy").random.default_rng(1), 2000)
+    many = arithmetic.off_task(np.random.default_rng(1), 2000)
     assert {q.question for q in many if arithmetic.parse_question(q.question)} == set()
     assert not [q for q in arithmetic.held_out_off_task(1, 500) if arithmetic.parse_question(q.question)]
 
