@@ -131,6 +131,8 @@ class TorchRL:
         """One step on ``problems``; ``room(problem)``: the most tokens its answers may take."""
         import torch
 
+        from gptkit.assistant import length_buckets, row_ends
+
         labs, s, G = self.labs, self.s, self.s.group
         by_length: dict[tuple[int, int], list] = {}
         for prob in problems:
@@ -159,12 +161,17 @@ class TorchRL:
         for i, (x, m) in enumerate(zip(rows, masks)):
             ids[i, :len(x)] = torch.from_numpy(x)
             mask[i, :len(m)] = torch.from_numpy(m)
-        with torch.no_grad():
-            logp_old = self.logp(self.policy, ids)
-            logp_ref = self.logp(self.reference, ids) if s.kl_coef > 0 else logp_old
-        loss = self.loss(ids, mask, adv, logp_old, logp_ref)
         self.opt.zero_grad(set_to_none=True)
-        loss.backward()
+        scored = mask[:, 1:].sum()
+        lengths = row_ends(mask.numpy())
+        for rows, T in length_buckets(lengths):  # as the pipeline's rl_update: each group padded to its longest
+            rows = torch.from_numpy(rows)
+            g_ids, g_mask = ids[rows, :T], mask[rows, :T]
+            with torch.no_grad():
+                logp_old = self.logp(self.policy, g_ids)
+                logp_ref = self.logp(self.reference, g_ids) if s.kl_coef > 0 else logp_old
+            loss = self.loss(g_ids, g_mask, adv[rows], logp_old, logp_ref) * (g_mask[:, 1:].sum() / scored)
+            loss.backward()  # the gradients add up: the whole batch's mean over its answer tokens
         torch.nn.utils.clip_grad_norm_(list(self.policy.p.values()), 1.0)
         self.opt.step()
 

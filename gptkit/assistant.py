@@ -217,6 +217,53 @@ def _step(labs: Labs, opt, grads, lr: float) -> float:
     return norm
 
 
+def length_buckets(lengths) -> list[tuple[np.ndarray, int]]:
+    """The rows of a right-padded batch in at most two groups by length, ``(rows, T)`` each
+    (every row of the group ends by ``T``), cut where the fewest padded positions remain, if
+    that saves a quarter of them.
+
+    A batch is padded to its longest row, and the model's cost grows with the padded
+    positions: an off-task question with the sentence is about twice as long as an
+    addition with its sum, so one batch of both spends most of its work on padding. Since
+    the model is causal and the padding comes last, ``ids[rows, :T]`` gives every kept
+    position exactly the logits it had in the whole batch."""
+    lengths = np.asarray(lengths)
+    order = np.argsort(lengths, kind="stable")
+    ends = lengths[order]  # (B,) ascending
+    B = len(ends)
+    cost = [B * ends[-1]] + [k * ends[k - 1] + (B - k) * ends[-1] for k in range(1, B)]
+    k = int(np.argmin(cost))  # 0: one group
+    if k == 0 or 4 * cost[k] > 3 * cost[0]:  # a second call has its own cost: cut only to save a quarter
+        return [(order, int(ends[-1]))]
+    return [(order[:k], int(ends[k - 1])), (order[k:], int(ends[-1]))]
+
+
+def row_ends(mask: np.ndarray) -> np.ndarray:
+    """One past each row's last True (at least 2: a row of logprobs needs two tokens)."""
+    T = mask.shape[1]
+    return np.maximum(T - np.argmax(mask[:, ::-1], axis=1), 2)
+
+
+def _weighted(parts) -> tuple[float, dict]:
+    """Σ w·loss and Σ w·grads over ``(w, loss, grads)`` parts: the whole batch's mean loss and
+    gradient from its groups' means, each weighted by its share of what the mean counts."""
+    loss, grads = 0.0, {}
+    for w, part_loss, part_grads in parts:
+        loss += w * float(part_loss)
+        for name, g in part_grads.items():
+            grads[name] = grads[name] + np.float32(w) * g if name in grads else np.float32(w) * g
+    return loss, grads
+
+
+def sft_loss_and_grads(labs: Labs, model, ids, mask):
+    """Lab 11's ``sft_loss_and_grads`` on a padded batch, run on its ``length_buckets``: the
+    same mean over the counted tokens, with less padding."""
+    groups = length_buckets(row_ends(mask))
+    counted = mask[:, 1:].sum()
+    return _weighted((mask[rows, 1:T].sum() / counted,
+                      *labs.assistant.sft_loss_and_grads(model, ids[rows, :T], mask[rows, :T])) for rows, T in groups)
+
+
 def demonstrations(s: Settings, held) -> list:
     """The SFT set: ``s.demos`` additions (training phrasings) and ``s.off_task_demos``
     off-task questions, fixed for the run."""
@@ -238,7 +285,7 @@ def sft(labs: Labs, s: Settings, model, held, log, start) -> list[tuple[int, flo
     for step in range(1, s.sft_steps + 1):
         batch = [labs.chat(pool[i]) for i in rng.choice(len(pool), s.sft_batch)]
         ids, mask = A.pad_batch(batch, labs.end_id)
-        loss, grads = A.sft_loss_and_grads(model, ids, mask)
+        loss, grads = sft_loss_and_grads(labs, model, ids, mask)
         _step(labs, opt, grads, s.sft_lr * min(1.0, step / 20))  # a short warm-up, then constant
         if step % s.eval_every == 0 or step == s.sft_steps:
             curve.append((step, accuracy(labs, model, held)))
@@ -246,6 +293,16 @@ def sft(labs: Labs, s: Settings, model, held, log, start) -> list[tuple[int, flo
         else:
             progress(step, f"loss {float(loss):.3f}")
     return curve
+
+
+def dpo_loss_and_grads(labs: Labs, model, chosen_ids, chosen_mask, rejected_ids, rejected_mask, ref_chosen,
+                       ref_rejected, *, beta: float):
+    """Lab 11's ``dpo_loss_and_grads`` on pairs, run on the pairs' ``length_buckets`` (a pair
+    as long as its longer answer): the same mean over pairs, with less padding."""
+    ends = np.maximum(row_ends(chosen_mask), row_ends(rejected_mask))
+    return _weighted((len(rows) / len(ends), *labs.assistant.dpo_loss_and_grads(
+        model, chosen_ids[rows, :T], chosen_mask[rows, :T], rejected_ids[rows, :T], rejected_mask[rows, :T],
+        ref_chosen[rows], ref_rejected[rows], beta=beta)) for rows, T in length_buckets(ends))
 
 
 def rl(labs: Labs, s: Settings, policy, reference, held, log, start):
@@ -297,10 +354,16 @@ def rl_batch(labs: Labs, s: Settings, policy, problems, rng):
 def rl_update(labs: Labs, s: Settings, policy, reference, opt, ids, mask, adv, lr: float) -> None:
     """One AdamW step of GRPO on one sampled batch."""
     A = labs.assistant
-    logp_old = A.token_logprobs(policy, ids)  # the sampling policy, fixed for this batch
-    logp_ref = A.token_logprobs(reference, ids) if s.kl_coef > 0 else logp_old
-    _, grads = A.rl_loss_and_grads(policy, ids, mask, logp_old, logp_ref, adv, clip_eps=s.clip_eps,
-                                   kl_coef=s.kl_coef)
+    scored = mask[:, 1:].sum()
+    parts = []
+    for rows, T in length_buckets(row_ends(mask)):  # each group padded only to its own longest row
+        g_ids, g_mask = ids[rows, :T], mask[rows, :T]
+        logp_old = A.token_logprobs(policy, g_ids)  # the sampling policy, fixed for this batch
+        logp_ref = A.token_logprobs(reference, g_ids) if s.kl_coef > 0 else logp_old
+        parts.append((g_mask[:, 1:].sum() / scored,
+                      *A.rl_loss_and_grads(policy, g_ids, g_mask, logp_old, logp_ref, adv[rows], clip_eps=s.clip_eps,
+                                           kl_coef=s.kl_coef)))
+    _, grads = _weighted(parts)
     _step(labs, opt, grads, lr)
 
 
@@ -331,15 +394,20 @@ def dpo(labs: Labs, s: Settings, policy, reference, held, log, start):
         return curve, 0
     ids, mask = A.pad_batch(chosen + rejected, labs.end_id)
     n = len(chosen)
-    ref_seq = np.concatenate([A.sequence_logprobs(reference, ids[i:i + 1024], mask[i:i + 1024])
-                              for i in range(0, len(ids), 1024)])
+    ends = row_ends(mask)
+    ref_seq = np.empty(len(ids), dtype=np.float32)
+    by_length = np.argsort(ends, kind="stable")
+    for i in range(0, len(ids), 1024):  # 1,024 rows of like length at a time, each padded to its longest
+        rows = by_length[i:i + 1024]
+        T = int(ends[rows].max())
+        ref_seq[rows] = A.sequence_logprobs(reference, ids[rows, :T], mask[rows, :T])
     opt = tr.AdamW(policy.state_dict(), lr=s.dpo_lr, betas=(0.9, 0.99), weight_decay=0.0)
     batch = max(1, s.prompts * s.group // 2)
     progress = Progress(log, "dpo", s.rl_steps, start)
     for step in range(1, s.rl_steps + 1):
         rows = rng.choice(n, size=min(batch, n), replace=False)
-        loss, grads = A.dpo_loss_and_grads(policy, ids[rows], mask[rows], ids[n + rows], mask[n + rows],
-                                           ref_seq[rows], ref_seq[n + rows], beta=s.beta)
+        loss, grads = dpo_loss_and_grads(labs, policy, ids[rows], mask[rows], ids[n + rows], mask[n + rows],
+                                         ref_seq[rows], ref_seq[n + rows], beta=s.beta)
         _step(labs, opt, grads, s.dpo_lr)
         if step % s.eval_every == 0 or step == s.rl_steps:
             curve.append((step, accuracy(labs, policy, held)))

@@ -105,3 +105,61 @@ def test_the_chat_shows_an_empty_or_unfinished_answer_as_what_it_is():
     assert shown(" 4", True) == "(malformed: ' 4')" and shown("I can 20", True) == "(malformed: 'I can 20')"
     assert shown(arithmetic.REFUSAL, True) == arithmetic.REFUSAL
     assert shown("12", False).startswith("(unfinished")
+
+
+def test_length_buckets_cut_where_the_least_padding_remains():
+    from gptkit.assistant import length_buckets, row_ends
+
+    groups = length_buckets([20, 45, 21, 22, 44, 20])
+    assert [sorted(rows.tolist()) for rows, _ in groups] == [[0, 2, 3, 5], [1, 4]]
+    assert [T for _, T in groups] == [22, 45]  # 4·22 + 2·45 = 178 positions, against 6·45 = 270 in one
+    assert [(rows.tolist(), T) for rows, T in length_buckets([7, 7, 8])] == [([0, 1, 2], 8)]  # saves 2 of 24: no cut
+    mask = np.zeros((3, 9), dtype=bool)
+    mask[0, 3:5], mask[1, 2:9], mask[2, 1] = True, True, True
+    assert row_ends(mask).tolist() == [5, 9, 2]
+
+
+def test_the_pipeline_s_bucketed_steps_give_the_whole_batch_s_loss_and_gradients():
+    """SFT, RL and DPO steps run each length group on its own and weigh the parts: the result
+    is the lab function's on the whole padded batch (up to float32 rounding)."""
+    from gptkit import assistant as pipe
+    from gptkit.command import use_impl
+
+    use_impl("solutions")
+    labs = pipe.Labs()
+    s = pipe.TINY
+    A = labs.assistant
+    model = pipe.new_model(labs, s)
+    rng = np.random.default_rng(0)
+    problems = arithmetic.TrainingProblems(0, 1, []).draw(10) + arithmetic.off_task(rng, 3)
+    ids, mask = A.pad_batch([labs.chat(p) for p in problems], labs.end_id)
+    assert len(pipe.length_buckets(pipe.row_ends(mask))) == 2  # additions and the longer off-task rows
+
+    def close(a, b):
+        scale = max(float(np.abs(g).max()) for g in a[1].values())
+        assert abs(float(a[0]) - float(b[0])) <= 1e-5 * abs(float(a[0])) + 1e-7
+        assert a[1].keys() == b[1].keys() and all(np.abs(a[1][k] - b[1][k]).max() <= 1e-5 * scale for k in a[1])
+
+    close(A.sft_loss_and_grads(model, ids, mask), pipe.sft_loss_and_grads(labs, model, ids, mask))
+
+    good, bad = ids.copy(), ids.copy()  # pairs: the same questions, a right and a wrong answer
+    for row, p in enumerate(problems):
+        answer = np.flatnonzero(mask[row])
+        bad[row, answer[:-1]] = labs.tok.encode("7" * (len(answer) - 1))
+    ref_good, ref_bad = (A.sequence_logprobs(model, x, mask) - 0.3 for x in (good, bad))
+    close(A.dpo_loss_and_grads(model, good, mask, bad, mask, ref_good, ref_bad, beta=0.1),
+          pipe.dpo_loss_and_grads(labs, model, good, mask, bad, mask, ref_good, ref_bad, beta=0.1))
+
+    adv = rng.standard_normal(len(ids)).astype(np.float32)
+    logp = A.token_logprobs(model, ids)  # rl_update's sampling policy is the policy itself
+    whole = A.rl_loss_and_grads(model, ids, mask, logp, logp, adv, clip_eps=s.clip_eps, kl_coef=s.kl_coef)
+
+    class Capture:  # the optimizer rl_update steps: it keeps the (clipped) gradients it is given
+        def step(self, grads):
+            self.grads = grads
+
+    opt = Capture()
+    pipe.rl_update(labs, s, model, model, opt, ids, mask, adv, 1e-3)
+    clipped, _ = labs.training.clip_grad_norm(whole[1], 1.0)
+    close((whole[0], clipped), (whole[0], opt.grads))
+    assert opt.lr == 1e-3
