@@ -163,15 +163,18 @@ class TorchRL:
             mask[i, :len(m)] = torch.from_numpy(m)
         self.opt.zero_grad(set_to_none=True)
         scored = mask[:, 1:].sum()
-        lengths = row_ends(mask.numpy())
-        for rows, T in length_buckets(lengths):  # as the pipeline's rl_update: each group padded to its longest
-            rows = torch.from_numpy(rows)
+        live = np.flatnonzero(adv.numpy() != 0) if s.kl_coef == 0 else np.arange(len(adv))  # as rl_update
+        for group, T in length_buckets(row_ends(mask.numpy()[live])) if len(live) else []:
+            rows = torch.from_numpy(live[group])  # as the pipeline's rl_update: each group padded to its longest
             g_ids, g_mask = ids[rows, :T], mask[rows, :T]
             with torch.no_grad():
                 logp_old = self.logp(self.policy, g_ids)
                 logp_ref = self.logp(self.reference, g_ids) if s.kl_coef > 0 else logp_old
             loss = self.loss(g_ids, g_mask, adv[rows], logp_old, logp_ref) * (g_mask[:, 1:].sum() / scored)
             loss.backward()  # the gradients add up: the whole batch's mean over its answer tokens
+        for p in self.policy.p.values():  # no live row: a zero gradient, and AdamW still steps
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         torch.nn.utils.clip_grad_norm_(list(self.policy.p.values()), 1.0)
         self.opt.step()
 
@@ -266,10 +269,17 @@ def one(seed: int, threads: int, size: str, steps: int) -> dict:
 
 def _figures(r: dict) -> dict[str, float]:
     """The figures one run gives, by the table's row names."""
+    steps, acc = np.array(r["sft_curve"], dtype=float).T
+    late = steps >= steps[-1] / 2  # SFT's second half
+    plateau = float(acc[late].mean())
     f = {"SFT at its last step: held-out accuracy (%)": r["sft"]["accuracy"],
-         "SFT best point of its curve (%)": max(a for _, a in r["sft_curve"])}
+         "SFT best point of its curve (%)": float(acc.max()),
+         "SFT plateau: the mean of its second half's evaluations (%)": plateau,
+         "SFT trend over its second half (points per 1,000 steps, least squares)":
+             1000 * float(np.polyfit(steps[late], acc[late], 1)[0]) if late.sum() > 1 else float("nan")}
     if "rl" in r:
         f |= {"RL: held-out accuracy (%)": r["rl"]["accuracy"],
+              "RL gain over SFT's plateau (points)": r["rl"]["accuracy"] - plateau,
               "RL gain over SFT's last step (points)": r["rl"]["accuracy"] - r["sft"]["accuracy"],
               "RL: held-out phrasings (%)": r["rl"]["held_out_phrasings"],
               "RL: worst single phrasing (%)": min(r["rl"]["phrasings"].values()),
@@ -284,29 +294,32 @@ def _figures(r: dict) -> dict[str, float]:
           "RL step, NumPy (ms)": r["step_ms"]["numpy"], "RL step, PyTorch (ms)": r["step_ms"]["torch"],
           "RL step, NumPy ÷ PyTorch": r["step_ms"]["numpy"] / r["step_ms"]["torch"],
           "whole pipeline (minutes, loaded machine)": r["total_seconds"] / 60,
-          "whole pipeline, the process's CPU time (minutes)": r["cpu_seconds"] / 60}
+          "whole pipeline, CPU time of its processes (minutes)": r["cpu_seconds"] / 60}
     return f
 
 
 def _run_all(seeds: list[int], counts: list[int], args) -> dict[int, list[dict]]:
     """Each (thread count, seed) run in a process of its own, ``--jobs`` at a time at most;
-    a run with more than one BLAS thread starts only where its threads and those of the runs
-    already going fit in the machine's cores (BLAS threads that wait on a core another run
+    a run starts only where its cores (its BLAS threads, and two while DPO runs beside RL in
+    a second process) and those of the runs already going fit in the machine's cores (BLAS threads that wait on a core another run
     holds spin, and such a run slows many times over). Results by thread count, in seed
     order."""
     cores = os.cpu_count() or 1
+
+    def need(n: int) -> int:  # a run's cores: its threads, and two where DPO runs beside RL
+        return min(cores, max(n, 2))
+
     todo = [(n, seed) for n in counts for seed in seeds]
     running: list[tuple[int, int, subprocess.Popen]] = []
     done: dict[tuple[int, int], dict] = {}
     while todo or running:
-        busy = sum(n for n, _, _ in running)
-        while todo and len(running) < max(1, args.jobs) and (not running or todo[0][0] == 1 or
-                                                             busy + todo[0][0] <= cores):
+        busy = sum(need(n) for n, _, _ in running)
+        while todo and len(running) < max(1, args.jobs) and (not running or busy + need(todo[0][0]) <= cores):
             n, seed = todo.pop(0)
             cmd = [sys.executable, __file__, "--one", str(seed), "--threads", str(n), "--steps", str(args.steps)]
             cmd += ["--quick"] if args.quick else ["--tiny"] if args.tiny else []
             running.append((n, seed, subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)))
-            busy += n
+            busy += need(n)
         n, seed, proc = running.pop(0)
         out, _ = proc.communicate()
         if proc.returncode != 0:

@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import pickle
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -77,13 +78,13 @@ class Settings:
     held_out: int = 270
     off_task_held_out: int = 60
     demos: int = 1000
-    off_task_demos: int = 100
-    sft_steps: int = 1500
+    off_task_demos: int = 300
+    sft_steps: int = 3000
     sft_batch: int = 64
     sft_lr: float = 3e-3
-    rl_steps: int = 250
+    rl_steps: int = 500
     prompts: int = 32
-    rl_off_task: int = 4
+    rl_off_task: int = 8
     group: int = 8
     temperature: float = 1.0
     rl_lr: float = 1e-3
@@ -91,10 +92,10 @@ class Settings:
     kl_coef: float = 0.0
     dpo_lr: float = 1e-4
     beta: float = 0.1
-    eval_every: int = 50
+    eval_every: int = 100
 
 
-QUICK = replace(Settings(), sft_steps=600, rl_steps=30, held_out=180, eval_every=100)
+QUICK = replace(Settings(), sft_steps=1000, rl_steps=60, held_out=180, eval_every=100)
 TINY = Settings(d_model=16, layers=1, heads=2, held_out=18, off_task_held_out=4, demos=16, off_task_demos=4,
                 sft_steps=4, sft_batch=8, rl_steps=2, prompts=2, rl_off_task=1, group=3, eval_every=1)
 
@@ -352,18 +353,28 @@ def rl_batch(labs: Labs, s: Settings, policy, problems, rng):
 
 
 def rl_update(labs: Labs, s: Settings, policy, reference, opt, ids, mask, adv, lr: float) -> None:
-    """One AdamW step of GRPO on one sampled batch."""
+    """One AdamW step of GRPO on one sampled batch.
+
+    Without the KL term (``kl_coef`` 0), a row whose advantage is 0 (its question's group
+    all right or all wrong) adds exactly nothing to the gradient, so only the other rows
+    run, in their ``length_buckets``; each part is weighted by its share of the whole
+    batch's answer tokens, which the loss's mean counts. The step is the whole batch's."""
     A = labs.assistant
     scored = mask[:, 1:].sum()
+    live = np.flatnonzero(adv != 0) if s.kl_coef == 0 else np.arange(len(adv))
     parts = []
-    for rows, T in length_buckets(row_ends(mask)):  # each group padded only to its own longest row
-        g_ids, g_mask = ids[rows, :T], mask[rows, :T]
+    for group, T in length_buckets(row_ends(mask[live])) if len(live) else []:
+        rows = live[group]
+        g_ids, g_mask = ids[rows, :T], mask[rows, :T]  # each group padded only to its own longest row
         logp_old = A.token_logprobs(policy, g_ids)  # the sampling policy, fixed for this batch
         logp_ref = A.token_logprobs(reference, g_ids) if s.kl_coef > 0 else logp_old
         parts.append((g_mask[:, 1:].sum() / scored,
                       *A.rl_loss_and_grads(policy, g_ids, g_mask, logp_old, logp_ref, adv[rows], clip_eps=s.clip_eps,
                                            kl_coef=s.kl_coef)))
-    _, grads = _weighted(parts)
+    if parts:
+        _, grads = _weighted(parts)
+    else:  # nothing to learn from: a zero gradient (AdamW's moments still carry the step)
+        grads = {name: np.zeros_like(value) for name, value in policy.state_dict().items()}
     _step(labs, opt, grads, lr)
 
 
@@ -428,9 +439,127 @@ def peak_memory_mb() -> float:
     return peak / 1e6 if sys.platform == "darwin" else peak * 1024 / 1e6
 
 
-def pipeline(s: Settings, out: Path | None, log=print, stages=("rl", "dpo")) -> dict:
-    """SFT, then RL and DPO from the SFT model; the results (and checkpoints in ``out``)."""
+def _dpo_stage(labs: Labs, s: Settings, model, held, off, log, start) -> dict:
+    """DPO from the SFT ``model`` (left unchanged): its curve, pairs, seconds, evaluation
+    and tuned model."""
+    log(f"DPO: from the same SFT model, {s.rl_steps * (s.prompts + s.rl_off_task) * s.group:,} sampled answers and "
+        f"{s.rl_steps} steps (RL's budget)")
+    policy = copy.deepcopy(model)
+    t0 = time.perf_counter()
+    curve, pairs = dpo(labs, s, policy, model, held, log, start)
+    seconds = time.perf_counter() - t0
+    return {"curve": curve, "pairs": pairs, "seconds": seconds, "eval": evaluate(labs, policy, held, off),
+            "model": policy}
+
+
+def _dpo_child(tree: str, blob: bytes, s: Settings, started: float, conn) -> None:
+    """``_dpo_stage`` in a process of its own: lines and the result go back through ``conn``
+    (``("log", line)``, then ``("done", result)`` or ``("error", exception, traceback)``)."""
+    import traceback
+
+    from gptkit.command import keep_freed_memory
+    from gptkit.testing.layout import bind_tree
+
+    keep_freed_memory()
+    try:
+        bind_tree(Path(tree))
+        labs = Labs()
+        model = pickle.loads(blob)
+        held = arithmetic.held_out(s.seed, s.held_out, top=s.max_operand)
+        off = arithmetic.held_out_off_task(s.seed, s.off_task_held_out)
+        start = time.perf_counter() - (time.time() - started)  # the pipeline's start, on this process's clock
+        result = _dpo_stage(labs, s, model, held, off, lambda line: conn.send(("log", line)), start)
+        result["model"] = pickle.dumps(result["model"])
+        conn.send(("done", result))
+    except BaseException as exc:  # noqa: BLE001 (everything goes back to the pipeline, which raises it)
+        try:
+            conn.send(("error", exc, traceback.format_exc()))
+        except Exception:  # noqa: BLE001 (an exception that does not pickle)
+            conn.send(("error", RuntimeError(f"{type(exc).__name__}: {exc}"), traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+class SideBySide:
+    """DPO in a second process while this one runs RL: both start from the SFT model and are
+    independent, so on two cores they take about the time of the longer one, not the sum.
+    Each gets half of this process's BLAS threads (at least one), so the two do not fight
+    over cores. ``result()`` waits for DPO and raises what it raised."""
+
+    def __init__(self, labs: Labs, s: Settings, model, log, start: float):
+        import multiprocessing
+        import os
+        import threading
+
+        from gptkit.parallel import blas_threads
+
+        self.threads = max(1, blas_threads() // 2)
+        ctx = multiprocessing.get_context("spawn")  # the same on Linux, macOS and Windows; no forked BLAS state
+        receive, send = ctx.Pipe(duplex=False)
+        tree = str(Path(labs.assistant.__file__).resolve().parents[1])  # the tree use_impl bound
+        names = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+        saved = {name: os.environ.get(name) for name in names}
+        os.environ.update({name: str(self.threads) for name in names})  # read by the child's NumPy as it loads
+        try:
+            self.process = ctx.Process(target=_dpo_child, daemon=True, name="gptkit-dpo",
+                                       args=(tree, pickle.dumps(model), s, time.time() - (time.perf_counter() - start),
+                                             send))
+            self.process.start()
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+        send.close()
+        self.message = None
+
+        def relay():  # the child's progress lines, as they come
+            try:
+                while True:
+                    message = receive.recv()
+                    if message[0] != "log":
+                        self.message = message
+                        return
+                    log(message[1])
+            except EOFError:
+                return
+
+        self.reader = threading.Thread(target=relay, daemon=True)
+        self.reader.start()
+
+    def result(self) -> dict:
+        self.reader.join()
+        self.process.join()
+        if self.message is None:
+            raise RuntimeError(f"the DPO process ended without a result (exit code {self.process.exitcode})")
+        if self.message[0] == "error":
+            raise self.message[1]
+        result = self.message[1]
+        result["model"] = pickle.loads(result["model"])
+        return result
+
+
+def _children_usage() -> tuple[float, float]:
+    """CPU seconds and peak resident MB of this process's finished children (0 where the
+    ``resource`` module is missing)."""
+    try:
+        import resource
+    except ImportError:
+        return 0.0, 0.0
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime, use.ru_maxrss / 1e6 if sys.platform == "darwin" else use.ru_maxrss * 1024 / 1e6
+
+
+def pipeline(s: Settings, out: Path | None, log=print, stages=("rl", "dpo"), side_by_side: bool | None = None) -> dict:
+    """SFT, then RL and DPO from the SFT model; the results (and checkpoints in ``out``).
+
+    ``side_by_side``: DPO in a second process while RL runs (``SideBySide``); by default
+    when both stages run and the machine has two cores or more."""
+    import os
+
     start, cpu = time.perf_counter(), time.process_time()
+    children_cpu = _children_usage()[0]
     labs = Labs()
     held = arithmetic.held_out(s.seed, s.held_out, top=s.max_operand)
     off = arithmetic.held_out_off_task(s.seed, s.off_task_held_out)
@@ -447,34 +576,44 @@ def pipeline(s: Settings, out: Path | None, log=print, stages=("rl", "dpo")) -> 
     if out is not None:
         labs.training.save_checkpoint(out / "sft", model)
     step_times, rewards, pairs = [float("nan")], [], 0
+    if side_by_side is None:
+        side_by_side = "rl" in stages and "dpo" in stages and (os.cpu_count() or 1) >= 2
+    side = None
+    if side_by_side and "dpo" in stages:
+        try:
+            side = SideBySide(labs, s, reference, log, start)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:  # a model that does not pickle
+            log(f"DPO runs after RL in this process: the SFT model could not be sent to a second one ({exc})")
+    if side is not None:
+        log(f"DPO runs in a second process beside RL ({side.threads} BLAS thread{'s' if side.threads > 1 else ''} "
+            f"each)")
 
     if "rl" in stages:
+        from threadpoolctl import threadpool_limits
+
         log(f"RL: {s.rl_steps} steps of {s.prompts} fresh additions and {s.rl_off_task} off-task questions × "
             f"{s.group} sampled answers")
         policy = copy.deepcopy(model)
         t0 = time.perf_counter()
-        curves["rl"], rewards, step_times = rl(labs, s, policy, reference, held, log, start)
+        with threadpool_limits(side.threads if side is not None else None, user_api="blas"):
+            curves["rl"], rewards, step_times = rl(labs, s, policy, reference, held, log, start)
         seconds["rl"] = time.perf_counter() - t0
         evals["rl"] = evaluate(labs, policy, held, off)
         if out is not None:
             labs.training.save_checkpoint(out / "rl", policy)
 
     if "dpo" in stages:
-        log(f"DPO: from the same SFT model, {s.rl_steps * (s.prompts + s.rl_off_task) * s.group:,} sampled answers and "
-            f"{s.rl_steps} steps (RL's budget)")
-        dpo_policy = copy.deepcopy(model)
-        t0 = time.perf_counter()
-        curves["dpo"], pairs = dpo(labs, s, dpo_policy, reference, held, log, start)
-        seconds["dpo"] = time.perf_counter() - t0
-        evals["dpo"] = evaluate(labs, dpo_policy, held, off)
+        d = side.result() if side is not None else _dpo_stage(labs, s, reference, held, off, log, start)
+        curves["dpo"], pairs, seconds["dpo"], evals["dpo"] = d["curve"], d["pairs"], d["seconds"], d["eval"]
         if out is not None:
-            labs.training.save_checkpoint(out / "dpo", dpo_policy)
+            labs.training.save_checkpoint(out / "dpo", d["model"])
 
     results = {"settings": asdict(s), "held_out": len(held), "off_task_held_out": len(off),
                "held_out_phrasings": list(arithmetic.HELD_OUT_PHRASINGS), "dpo_pairs": pairs,
                "rl_rewards": rewards, "rl_step_seconds": float(np.median(step_times)),
                "seconds": seconds, "total_seconds": time.perf_counter() - start,
-               "cpu_seconds": time.process_time() - cpu, "peak_memory_mb": peak_memory_mb()}
+               "cpu_seconds": time.process_time() - cpu + _children_usage()[0] - children_cpu,
+               "peak_memory_mb": max(peak_memory_mb(), _children_usage()[1]), "side_by_side": side is not None}
     for name in curves:
         results[f"{name}_curve"] = curves[name]
         results[name] = evals[name]
@@ -519,6 +658,8 @@ def main(argv: list[str] | None = None) -> int:
     size.add_argument("--quick", action="store_true", help="smaller sizes: the same story in less time")
     size.add_argument("--tiny", action="store_true", help="tiny sizes: a run of seconds that checks the plumbing")
     p.add_argument("--only", choices=("rl", "dpo"), default=None, help="run SFT and this stage only")
+    p.add_argument("--one-at-a-time", action="store_true",
+                   help="run DPO after RL in this process (default: beside RL, in a second process, on 2+ cores)")
     for name, field in Settings.__dataclass_fields__.items():
         p.add_argument("--" + name.replace("_", "-"), type=type(field.default), default=None,
                        help=f"(default {field.default}; --quick: {getattr(QUICK, name)}; --tiny: {getattr(TINY, name)})")
@@ -529,7 +670,8 @@ def main(argv: list[str] | None = None) -> int:
         s = settings_from(args)
         out = Path(args.out)
         r = pipeline(s, out, log=lambda line: print(line, flush=True),
-                     stages=(args.only,) if args.only else ("rl", "dpo"))
+                     stages=(args.only,) if args.only else ("rl", "dpo"),
+                     side_by_side=False if args.one_at_a_time else None)
         print(report(r))
         print(f"wrote {out}/sft, rl, dpo; talk to the RL model: uv run python -m gptkit.chat"
               + (f" --impl {args.impl}" if args.impl != "labs" else "") + (f" --model {out}/rl" if out != OUT else ""))

@@ -151,6 +151,7 @@ def test_the_pipeline_s_bucketed_steps_give_the_whole_batch_s_loss_and_gradients
           pipe.dpo_loss_and_grads(labs, model, good, mask, bad, mask, ref_good, ref_bad, beta=0.1))
 
     adv = rng.standard_normal(len(ids)).astype(np.float32)
+    adv[::3] = 0.0  # rows rl_update skips: they add nothing to the gradient
     logp = A.token_logprobs(model, ids)  # rl_update's sampling policy is the policy itself
     whole = A.rl_loss_and_grads(model, ids, mask, logp, logp, adv, clip_eps=s.clip_eps, kl_coef=s.kl_coef)
 
@@ -163,3 +164,35 @@ def test_the_pipeline_s_bucketed_steps_give_the_whole_batch_s_loss_and_gradients
     clipped, _ = labs.training.clip_grad_norm(whole[1], 1.0)
     close((whole[0], clipped), (whole[0], opt.grads))
     assert opt.lr == 1e-3
+
+
+def test_dpo_beside_rl_gives_what_dpo_after_rl_gives(tmp_path):
+    """The default run puts DPO in a second process beside RL: its curve, evaluation and
+    model are those of DPO run after RL in this process, and its lines reach the log."""
+    from gptkit import assistant as pipe
+    from gptkit.command import use_impl
+
+    use_impl("solutions")
+    runs = {}
+    for side in (True, False):
+        lines = []
+        r = pipe.pipeline(pipe.TINY, tmp_path / str(side), log=lines.append, side_by_side=side)
+        assert r["side_by_side"] is side and any(line.startswith("DPO:") for line in lines), lines
+        assert any("[dpo-sampling" in line for line in lines), lines
+        runs[side] = r, (tmp_path / str(side) / "dpo" / "model.safetensors").read_bytes()
+    (beside, weights), (after, weights_after) = runs[True], runs[False]
+    assert beside["dpo_curve"] == after["dpo_curve"] and beside["dpo"] == after["dpo"]
+    assert beside["rl_curve"] == after["rl_curve"] and weights == weights_after
+
+
+def test_an_error_in_the_dpo_process_reaches_the_pipeline():
+    from dataclasses import replace
+
+    from gptkit import assistant as pipe
+    from gptkit.command import use_impl
+
+    use_impl("solutions")
+    labs = pipe.Labs()
+    side = pipe.SideBySide(labs, replace(pipe.TINY, held_out=10**6), pipe.new_model(labs, pipe.TINY), print, 0.0)
+    with pytest.raises(ValueError, match="the held-out set holds"):
+        side.result()
