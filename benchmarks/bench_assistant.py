@@ -374,7 +374,7 @@ def main() -> None:
     what = (f"`benchmarks/bench_assistant.py{flag} --seeds {args.seeds} --thread-counts {args.thread_counts} "
             f"--steps {args.steps}`")
     lines = [f"Generated {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC by {what} (in the instructors' kit) in "
-             f"{total / 60:.0f} minutes ({args.jobs} runs at a time at most), on {common.machine()}, torch {torch.__version__}, numpy {np.__version__}; "
+             f"{total / 60:.0f} minutes ({args.jobs} run{'s' if args.jobs > 1 else ''} at a time at most), on {common.machine()}, torch {torch.__version__}, numpy {np.__version__}; "
              f"load average {load_before} before, {load_after} after (other work shared the machine: times are "
              f"slower than on an idle one, accuracies are not affected).",
              "",

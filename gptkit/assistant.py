@@ -95,7 +95,7 @@ class Settings:
     eval_every: int = 100
 
 
-QUICK = replace(Settings(), sft_steps=1000, rl_steps=60, held_out=180, eval_every=100)
+QUICK = replace(Settings(), sft_steps=800, rl_steps=60, held_out=180, eval_every=100)
 TINY = Settings(d_model=16, layers=1, heads=2, held_out=18, off_task_held_out=4, demos=16, off_task_demos=4,
                 sft_steps=4, sft_batch=8, rl_steps=2, prompts=2, rl_off_task=1, group=3, eval_every=1)
 

@@ -5,6 +5,7 @@ phrasing and to an off-task line. No wall-clock threshold: only accuracies, whic
 deterministic for a seed and a thread count."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -16,17 +17,20 @@ from gptkit.chat import shown
 from gptkit.testing.layout import KIT_ROOT
 
 # bench_assistant --quick (seeds 0, 1, 2 at one BLAS thread; docs/11_assistant.md) measured
-# SFT's last held-out accuracy at 25.0–31.1 % and RL's at 37.2–53.3 %, RL above SFT in every
-# run by 12.2 points or more. SFT's curve is steep at its last step (11.1–22.2 % a hundred
+# SFT's last held-out accuracy at 37.8–49.4 % and RL's at 57.2–82.8 %, RL above SFT in every
+# run by 19.4 points or more. SFT's curve is steep at its last step (17.2–48.9 % a hundred
 # steps before), so the thresholds sit far below that spread and still far above what an
-# untrained or broken pipeline gives (0).
-LEARNED = 10.0
-RL_LEARNED = 20.0
+# untrained or broken pipeline gives (0). The run here has one BLAS thread, as measured: at
+# two, BLAS rounds differently and the curves differ.
+LEARNED = 15.0
+RL_LEARNED = 35.0
+RL_GAIN = 5.0
 
 
 def _run(module, *args, stdin=None):
+    env = os.environ | {name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     return subprocess.run([sys.executable, "-m", module, *args], cwd=KIT_ROOT, capture_output=True, text=True,
-                          input=stdin, timeout=1200)
+                          input=stdin, timeout=1200, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +48,7 @@ def test_the_quick_pipeline_learns_and_the_chat_command_answers_from_its_model(q
         assert (out / name / "model.safetensors").is_file() and (out / name / "config.json").is_file(), name
     results = json.loads((out / "results.json").read_text())
     assert results["sft_curve"][0][1] == 0.0 and results["sft_accuracy"] >= LEARNED, results["sft_curve"]
-    assert results["rl_accuracy"] >= RL_LEARNED and results["rl_accuracy"] > results["sft_accuracy"], \
+    assert results["rl_accuracy"] >= RL_LEARNED and results["rl_accuracy"] >= results["sft_accuracy"] + RL_GAIN, \
         results["rl_curve"]
     assert results["rl_curve"][-1][0] == results["settings"]["rl_steps"], results["rl_curve"]
     assert set(results["rl"]["phrasings"]) == set(arithmetic.PHRASINGS)
