@@ -227,7 +227,8 @@ def length_buckets(lengths) -> list[tuple[np.ndarray, int]]:
     positions: an off-task question with the sentence is about twice as long as an
     addition with its sum, so one batch of both spends most of its work on padding. Since
     the model is causal and the padding comes last, ``ids[rows, :T]`` gives every kept
-    position exactly the logits it had in the whole batch."""
+    position the logits it had in the whole batch (up to float rounding: the products
+    have other shapes)."""
     lengths = np.asarray(lengths)
     order = np.argsort(lengths, kind="stable")
     ends = lengths[order]  # (B,) ascending
