@@ -375,8 +375,8 @@ def main() -> None:
             f"--steps {args.steps}`")
     lines = [f"Generated {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC by {what} (in the instructors' kit) in "
              f"{total / 60:.0f} minutes ({args.jobs} run{'s' if args.jobs > 1 else ''} at a time at most), on {common.machine()}, torch {torch.__version__}, numpy {np.__version__}; "
-             f"load average {load_before} before, {load_after} after (other work shared the machine: times are "
-             f"slower than on an idle one, accuracies are not affected).",
+             f"load average {load_before} before, {load_after} after (a run's own processes count in it: two "
+             f"while DPO runs beside RL).",
              "",
              f"The pipeline{flag or ''} (`python -m gptkit.assistant --impl solutions{flag} --seed S`), sizes: "
              f"numbers up to {s['max_operand']}, a GPT of {s['layers']} layers, width {s['d_model']}, "
