@@ -429,15 +429,19 @@ def dpo(labs: Labs, s: Settings, policy, reference, held, log, start):
     return curve, n
 
 
+def _megabytes(maxrss: int) -> float:
+    """``ru_maxrss`` in MB: Linux reports KiB, macOS bytes."""
+    return maxrss / 1e6 if sys.platform == "darwin" else maxrss * 1024 / 1e6
+
+
 def peak_memory_mb() -> float:
-    """This process's peak resident memory so far, in MB (Linux reports KiB, macOS bytes;
-    NaN where the ``resource`` module is missing, as on Windows)."""
+    """This process's peak resident memory so far, in MB (NaN where the ``resource``
+    module is missing, as on Windows)."""
     try:
         import resource
     except ImportError:
         return float("nan")
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 1e6 if sys.platform == "darwin" else peak * 1024 / 1e6
+    return _megabytes(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
 
 def _dpo_stage(labs: Labs, s: Settings, model, held, off, log, start) -> dict:
@@ -549,7 +553,7 @@ def _children_usage() -> tuple[float, float]:
     except ImportError:
         return 0.0, 0.0
     use = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return use.ru_utime + use.ru_stime, use.ru_maxrss / 1e6 if sys.platform == "darwin" else use.ru_maxrss * 1024 / 1e6
+    return use.ru_utime + use.ru_stime, _megabytes(use.ru_maxrss)
 
 
 def pipeline(s: Settings, out: Path | None, log=print, stages=("rl", "dpo"), side_by_side: bool | None = None) -> dict:
