@@ -16,8 +16,9 @@ lab-10 tokenizer with the chat tokens.
 1. **SFT.** A GPT (lab 04) starts from random weights and learns from ``render_chat``'s
    conversations with ``sft_loss_and_grads`` (only the answer's tokens count), lab 07's
    AdamW and clipping, on a fixed, small set of demonstrations (``--demos`` additions and
-   ``--off-task-demos`` off-task questions), long enough that its held-out accuracy has
-   stopped rising (the curve shows the plateau).
+   ``--off-task-demos`` off-task questions), for ``--sft-steps`` steps. At the default
+   sizes its held-out accuracy still rises slowly at the end: docs/11_assistant.md gives
+   the curve's trend, and how close designs with fewer demonstrations came to a plateau.
 2. **RL.** From the SFT model: each step asks ``--prompts`` fresh training additions and
    ``--rl-off-task`` off-task questions (no written answers: only the checker), samples
    ``--group`` answers to each (lab 06's cached generation at ``--temperature``, one call

@@ -77,6 +77,8 @@ def test_held_out_problems_are_never_drawn_for_training():
     assert not {(p.a, p.b) for p in drawn} & {(p.a, p.b) for p in held}
     assert {p.phrasing for p in drawn} == set(arithmetic.TRAIN_PHRASINGS)  # the held-out phrasings never
     assert drawn[:50] == arithmetic.TrainingProblems(seed=3, stream=1, held=held).draw(50)
+    stream = arithmetic.TrainingProblems(seed=3, stream=1, held=held)  # so a smaller demonstration set is the
+    assert stream.draw(701) + stream.draw(299) == drawn[:1000]  # start of a larger one (docs/11_assistant.md)
 
 
 def test_questions_are_normalised_and_parsed_in_every_phrasing():
