@@ -26,7 +26,7 @@ The parts, in the order the README's tasks take them:
   ``Int8Embedding`` (given), ``quantize_model``;
 - every core: ``row_blocks`` (rows split into blocks), ``RowPool`` (a thread pool made once;
   ``map`` runs row blocks with BLAS at one thread, each block taken by the next free thread),
-  ``threaded_forward`` (``fast_forward`` with the work between the products on the pool);
+  ``threaded_forward`` (``fast_forward`` with all its work on the pool, BLAS at one thread);
   ``blas_threads`` is given.
 
 What each part reuses: lab 04's ``GPTModel`` and its sub-layers (the parameters, and the
@@ -133,13 +133,25 @@ def _linear(layer, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return y
 
 
-def _head(model: GPTModel, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+def _head(model: GPTModel, x: np.ndarray, out: np.ndarray | None = None,
+          pool: RowPool | None = None) -> np.ndarray:
     """The tied output head on x (N, D) → logits (N, V), into a new array or into ``out``
     (N, V): one 2-D product, the (V, D) table read once for all N rows (an
-    ``Int8Embedding`` does it tile by tile)."""
+    ``Int8Embedding`` does it tile by tile). With ``pool`` (a ``RowPool``), the product
+    runs in ``pool.map`` as ``_product`` runs it: one block per thread of x's rows when
+    there are at least V of them, else of the vocabulary, each block one product at BLAS's
+    one thread."""
     if isinstance(model.wte, Int8Embedding):
         return model.wte.head(x, out)
-    return np.matmul(x, model.wte.weight.T, out=out)
+    if pool is None:
+        return np.matmul(x, model.wte.weight.T, out=out)
+    table = model.wte.weight  # (V, D)
+    out = np.empty((x.shape[0], table.shape[0]), np.float32) if out is None else out
+    if x.shape[0] >= table.shape[0]:
+        _product_blocks(pool, lambda a, b: np.matmul(x[a:b], table.T, out=out[a:b]), x.shape[0])
+    else:
+        _product_blocks(pool, lambda a, b: np.matmul(x, table[a:b].T, out=out[:, a:b]), table.shape[0])
+    return out
 
 
 # -- measure first -------------------------------------------------------------------------------
@@ -1346,14 +1358,39 @@ class BlockLog:
                 self._changed.notify_all()
 
 
-def _product(layer, x: np.ndarray, out: np.ndarray):
+def _product(layer, x: np.ndarray, out: np.ndarray, pool: RowPool | None = None):
     """``x @ W`` of a lab-03 ``Linear`` into ``out``, without its bias, and that bias (None
     when it has none): the caller adds it where it next passes over ``out``. Any other
-    layer (an ``Int8Linear``) through its own ``__call__``, bias included, copied into out."""
+    layer (an ``Int8Linear``) through its own ``__call__``, bias included, copied into out.
+
+    With ``pool``, the product runs in ``pool.map``, each block one product at BLAS's one
+    thread, over blocks of the larger of out's two dimensions: its rows (``x[a:b] @ W``
+    into ``out[a:b]``) when x has at least as many rows as W has columns, else W's columns
+    (``x @ W[:, a:b]`` into ``out[:, a:b]``). Every block reads and repacks all of the
+    operand that is not cut, so cutting the larger side reads the least, and the blocks
+    are one per thread (``_product_blocks``), not the pool's several: more blocks of a
+    product cost more. The pool's threads then do the work BLAS's own threads would:
+    OpenBLAS's threads, once woken, keep busy-waiting for their next product for a while
+    (about 0.1 s by default) before they sleep, and in a pass that alternates products
+    with maps they take the cores the pool's threads need."""
     if type(layer) is not Linear:
         np.copyto(out, layer(x))
         return out, None
-    return np.matmul(x, layer.weight, out=out), layer.bias
+    weight = layer.weight
+    if pool is None:
+        return np.matmul(x, weight, out=out), layer.bias
+    if x.shape[0] >= weight.shape[1]:
+        _product_blocks(pool, lambda a, b: np.matmul(x[a:b], weight, out=out[a:b]), x.shape[0])
+    else:
+        _product_blocks(pool, lambda a, b: np.matmul(x, weight[:, a:b], out=out[:, a:b]), weight.shape[1])
+    return out, layer.bias
+
+
+def _product_blocks(pool: RowPool, fn, n: int) -> None:
+    """``pool.map(fn, n)`` in one block per thread (blocks of at least ``n // threads``
+    and of the pool's ``min_rows``): a product's blocks all cost the same, and each further
+    block repacks the operand it does not cut."""
+    pool.map(fn, n, min_rows=max(pool.min_rows, n // pool.threads))
 
 
 def _query_chunks(T: int, parts: int, step: int) -> list[tuple[int, int]]:
@@ -1366,16 +1403,24 @@ def _query_chunks(T: int, parts: int, step: int) -> list[tuple[int, int]]:
 
 def threaded_forward(model: GPTModel, token_ids: np.ndarray, pool: RowPool, *, block_q: int = 128,
                      block_k: int = 1024, out: np.ndarray | None = None) -> np.ndarray:
-    """``fast_forward`` with the work between the matrix products on every thread of ``pool``.
+    """``fast_forward`` with all its work on every thread of ``pool``, BLAS at one thread.
 
-    The large products (each Linear on all B·T rows, the head) run in the calling thread
-    with BLAS at its own thread count. Everything else runs in ``pool.map`` over row blocks
-    of the (B·T, ·) arrays, BLAS at one thread inside: after ``c_attn``, its bias and the
-    copy into contiguous heads (blocks of heads); attention (blocks of (head, query range)
-    tasks, each ``tiled_causal_attention`` of its queries against the keys up to its last,
-    written into its place among the merged heads); after each ``c_proj``, its bias and the
-    residual addition, then the next LayerNorm (``ln_2``, the next block's ``ln_1`` or
-    ``ln_f``) of the same rows; after ``c_fc``, its bias and ``fast_gelu``.
+    Every step runs in a ``pool.map``, so BLAS stays at one thread for the whole pass and
+    its own threads never wake (once woken, they busy-wait between products and take the
+    cores the pool needs). The products (each Linear on all B·T rows, then the head) go
+    through ``_product(..., pool)`` and ``_head(..., pool)``: blocks of the rows or of
+    the weight's columns, whichever are more. The rest runs over row blocks of the (B·T, ·)
+    arrays: after ``c_attn``, its bias and the copy into contiguous heads (blocks of
+    heads); attention (blocks of (batch row, query range) tasks, each one
+    ``tiled_causal_attention`` of the range's queries in every head against the keys up to
+    its last, written into its place among the merged heads: all heads in one call, so a
+    task makes as few NumPy calls, each holding the GIL a moment, as it can); after each
+    ``c_proj``, its bias and the residual addition, then the next LayerNorm (``ln_2``, the
+    next block's ``ln_1`` or ``ln_f``) of the same rows; after ``c_fc``, its bias and
+    ``fast_gelu``.
+    That is 1 + 9 maps per block + 1: ``ln_1`` of block 0; per block ``c_attn``, heads,
+    attention, ``c_proj``, residual + ``ln_2``, ``c_fc``, GELU, ``c_proj``, residual + the
+    next LayerNorm; the head.
 
     Args:
         model, token_ids, block_q, block_k, out: as ``fast_forward``.
@@ -1395,7 +1440,7 @@ def threaded_forward(model: GPTModel, token_ids: np.ndarray, pool: RowPool, *, b
         raise ValueError(f"token_ids needs 1 … max_seq_len={model.max_seq_len} tokens per row, got {T}")
     _check_out(out, (B, T, model.vocab_size), "(B, T, V)")
     block_q, block_k = _check_block(block_q, "block_q"), _check_block(block_k, "block_k")
-    ### BEGIN SOLUTION the arrays of fast_forward, once per call; ln_1 of block 0 in the pool; per block: c_attn here, bias + heads in the pool, attention tasks in the pool, c_proj here, bias + residual + ln_2 in the pool, c_fc here, bias + fast_gelu in the pool, c_proj here, bias + residual + the next LayerNorm in the pool; the head here
+    ### BEGIN SOLUTION the arrays of fast_forward, once per call; ln_1 of block 0 in the pool; per block: c_attn (_product with the pool), bias + heads, attention tasks, c_proj (_product with the pool), bias + residual + ln_2, c_fc (_product with the pool), bias + fast_gelu, c_proj (_product with the pool), bias + residual + the next LayerNorm, each in the pool; the head (_head with the pool)
     D, N = model.d_model, B * T
     H = model.h[0].attn.num_heads
     dh = D // H
@@ -1403,8 +1448,9 @@ def threaded_forward(model: GPTModel, token_ids: np.ndarray, pool: RowPool, *, b
     normed, added = np.empty((N, D), np.float32), np.empty((N, D), np.float32)
     qkv, hidden = np.empty((N, 3 * D), np.float32), np.empty((N, model.h[0].mlp.c_fc.d_out), np.float32)
     heads, merged = np.empty((3, B, H, T, dh), np.float32), np.empty((B, T, H, dh), np.float32)
-    chunks = _query_chunks(T, max(1, -(-2 * pool.threads // (B * H))), min(block_q, T))
-    tasks = [(b, h, s, e) for b in range(B) for h in range(H) for s, e in chunks]
+    # query ranges of equal causal area, enough for every block of the pool to get one
+    chunks = _query_chunks(T, max(1, -(-pool.threads * pool.blocks_per_thread // B)), min(16, T))
+    tasks = [(b, s, e) for b in range(B) for s, e in chunks]
     norms = [blk.ln_1 for blk in model.h[1:]] + [model.ln_f]
 
     def layer_norm(ln):
@@ -1433,9 +1479,9 @@ def threaded_forward(model: GPTModel, token_ids: np.ndarray, pool: RowPool, *, b
         pool.map(some, B * H, min_rows=1)
 
     def attend(a, b):
-        for bi, hi, s, e in tasks[a:b]:
-            merged[bi, s:e, hi] = tiled_causal_attention(heads[0, bi, hi, s:e], heads[1, bi, hi, :e],
-                                                         heads[2, bi, hi, :e], block_q=block_q, block_k=block_k)
+        for bi, s, e in tasks[a:b]:  # (H, e - s, d_head) → merged's (e - s, H, d_head)
+            merged[bi, s:e] = tiled_causal_attention(heads[0, bi, :, s:e], heads[1, bi, :, :e], heads[2, bi, :, :e],
+                                                     block_q=block_q, block_k=block_k).swapaxes(0, 1)
 
     def gelu(bias):
         def rows(a, b):
@@ -1447,15 +1493,15 @@ def threaded_forward(model: GPTModel, token_ids: np.ndarray, pool: RowPool, *, b
     layer_norm(model.h[0].ln_1)
     for block, next_norm in zip(model.h, norms):
         attn, mlp = block.attn, block.mlp
-        _, bias = _product(attn.c_attn, normed, qkv)
+        _, bias = _product(attn.c_attn, normed, qkv, pool)
         to_heads(bias)
         pool.map(attend, len(tasks), min_rows=1)
-        _, bias = _product(attn.c_proj, merged.reshape(N, D), added)
+        _, bias = _product(attn.c_proj, merged.reshape(N, D), added, pool)
         residual_then_norm(bias, block.ln_2)
-        _, bias = _product(mlp.c_fc, normed, hidden)
+        _, bias = _product(mlp.c_fc, normed, hidden, pool)
         gelu(bias)
-        _, bias = _product(mlp.c_proj, hidden, added)
+        _, bias = _product(mlp.c_proj, hidden, added, pool)
         residual_then_norm(bias, next_norm)
-    logits = _head(model, normed, None if out is None else out.reshape(N, -1))
+    logits = _head(model, normed, None if out is None else out.reshape(N, -1), pool)
     return logits.reshape(B, T, -1) if out is None else out
     ### END SOLUTION

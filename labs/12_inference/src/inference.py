@@ -27,7 +27,7 @@ The parts, in the order the README's tasks take them:
   ``Int8Embedding`` (given), ``quantize_model``;
 - every core: ``row_blocks`` (rows split into blocks), ``RowPool`` (a thread pool made once;
   ``map`` runs row blocks with BLAS at one thread, each block taken by the next free thread),
-  ``threaded_forward`` (``fast_forward`` with the work between the products on the pool);
+  ``threaded_forward`` (``fast_forward`` with all its work on the pool, BLAS at one thread);
   ``blas_threads`` is given.
 
 What each part reuses: lab 04's ``GPTModel`` and its sub-layers (the parameters, and the
@@ -134,13 +134,25 @@ def _linear(layer, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return y
 
 
-def _head(model: GPTModel, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+def _head(model: GPTModel, x: np.ndarray, out: np.ndarray | None = None,
+          pool: RowPool | None = None) -> np.ndarray:
     """The tied output head on x (N, D) → logits (N, V), into a new array or into ``out``
     (N, V): one 2-D product, the (V, D) table read once for all N rows (an
-    ``Int8Embedding`` does it tile by tile)."""
+    ``Int8Embedding`` does it tile by tile). With ``pool`` (a ``RowPool``), the product
+    runs in ``pool.map`` as ``_product`` runs it: one block per thread of x's rows when
+    there are at least V of them, else of the vocabulary, each block one product at BLAS's
+    one thread."""
     if isinstance(model.wte, Int8Embedding):
         return model.wte.head(x, out)
-    return np.matmul(x, model.wte.weight.T, out=out)
+    if pool is None:
+        return np.matmul(x, model.wte.weight.T, out=out)
+    table = model.wte.weight  # (V, D)
+    out = np.empty((x.shape[0], table.shape[0]), np.float32) if out is None else out
+    if x.shape[0] >= table.shape[0]:
+        _product_blocks(pool, lambda a, b: np.matmul(x[a:b], table.T, out=out[a:b]), x.shape[0])
+    else:
+        _product_blocks(pool, lambda a, b: np.matmul(x, table[a:b].T, out=out[:, a:b]), table.shape[0])
+    return out
 
 
 # -- measure first -------------------------------------------------------------------------------
@@ -985,14 +997,39 @@ class BlockLog:
                 self._changed.notify_all()
 
 
-def _product(layer, x: np.ndarray, out: np.ndarray):
+def _product(layer, x: np.ndarray, out: np.ndarray, pool: RowPool | None = None):
     """``x @ W`` of a lab-03 ``Linear`` into ``out``, without its bias, and that bias (None
     when it has none): the caller adds it where it next passes over ``out``. Any other
-    layer (an ``Int8Linear``) through its own ``__call__``, bias included, copied into out."""
+    layer (an ``Int8Linear``) through its own ``__call__``, bias included, copied into out.
+
+    With ``pool``, the product runs in ``pool.map``, each block one product at BLAS's one
+    thread, over blocks of the larger of out's two dimensions: its rows (``x[a:b] @ W``
+    into ``out[a:b]``) when x has at least as many rows as W has columns, else W's columns
+    (``x @ W[:, a:b]`` into ``out[:, a:b]``). Every block reads and repacks all of the
+    operand that is not cut, so cutting the larger side reads the least, and the blocks
+    are one per thread (``_product_blocks``), not the pool's several: more blocks of a
+    product cost more. The pool's threads then do the work BLAS's own threads would:
+    OpenBLAS's threads, once woken, keep busy-waiting for their next product for a while
+    (about 0.1 s by default) before they sleep, and in a pass that alternates products
+    with maps they take the cores the pool's threads need."""
     if type(layer) is not Linear:
         np.copyto(out, layer(x))
         return out, None
-    return np.matmul(x, layer.weight, out=out), layer.bias
+    weight = layer.weight
+    if pool is None:
+        return np.matmul(x, weight, out=out), layer.bias
+    if x.shape[0] >= weight.shape[1]:
+        _product_blocks(pool, lambda a, b: np.matmul(x[a:b], weight, out=out[a:b]), x.shape[0])
+    else:
+        _product_blocks(pool, lambda a, b: np.matmul(x, weight[:, a:b], out=out[:, a:b]), weight.shape[1])
+    return out, layer.bias
+
+
+def _product_blocks(pool: RowPool, fn, n: int) -> None:
+    """``pool.map(fn, n)`` in one block per thread (blocks of at least ``n // threads``
+    and of the pool's ``min_rows``): a product's blocks all cost the same, and each further
+    block repacks the operand it does not cut."""
+    pool.map(fn, n, min_rows=max(pool.min_rows, n // pool.threads))
 
 
 def _query_chunks(T: int, parts: int, step: int) -> list[tuple[int, int]]:
@@ -1005,16 +1042,24 @@ def _query_chunks(T: int, parts: int, step: int) -> list[tuple[int, int]]:
 
 def threaded_forward(model: GPTModel, token_ids: np.ndarray, pool: RowPool, *, block_q: int = 128,
                      block_k: int = 1024, out: np.ndarray | None = None) -> np.ndarray:
-    """``fast_forward`` with the work between the matrix products on every thread of ``pool``.
+    """``fast_forward`` with all its work on every thread of ``pool``, BLAS at one thread.
 
-    The large products (each Linear on all B·T rows, the head) run in the calling thread
-    with BLAS at its own thread count. Everything else runs in ``pool.map`` over row blocks
-    of the (B·T, ·) arrays, BLAS at one thread inside: after ``c_attn``, its bias and the
-    copy into contiguous heads (blocks of heads); attention (blocks of (head, query range)
-    tasks, each ``tiled_causal_attention`` of its queries against the keys up to its last,
-    written into its place among the merged heads); after each ``c_proj``, its bias and the
-    residual addition, then the next LayerNorm (``ln_2``, the next block's ``ln_1`` or
-    ``ln_f``) of the same rows; after ``c_fc``, its bias and ``fast_gelu``.
+    Every step runs in a ``pool.map``, so BLAS stays at one thread for the whole pass and
+    its own threads never wake (once woken, they busy-wait between products and take the
+    cores the pool needs). The products (each Linear on all B·T rows, then the head) go
+    through ``_product(..., pool)`` and ``_head(..., pool)``: blocks of the rows or of
+    the weight's columns, whichever are more. The rest runs over row blocks of the (B·T, ·)
+    arrays: after ``c_attn``, its bias and the copy into contiguous heads (blocks of
+    heads); attention (blocks of (batch row, query range) tasks, each one
+    ``tiled_causal_attention`` of the range's queries in every head against the keys up to
+    its last, written into its place among the merged heads: all heads in one call, so a
+    task makes as few NumPy calls, each holding the GIL a moment, as it can); after each
+    ``c_proj``, its bias and the residual addition, then the next LayerNorm (``ln_2``, the
+    next block's ``ln_1`` or ``ln_f``) of the same rows; after ``c_fc``, its bias and
+    ``fast_gelu``.
+    That is 1 + 9 maps per block + 1: ``ln_1`` of block 0; per block ``c_attn``, heads,
+    attention, ``c_proj``, residual + ``ln_2``, ``c_fc``, GELU, ``c_proj``, residual + the
+    next LayerNorm; the head.
 
     Args:
         model, token_ids, block_q, block_k, out: as ``fast_forward``.
@@ -1035,4 +1080,4 @@ def threaded_forward(model: GPTModel, token_ids: np.ndarray, pool: RowPool, *, b
     _check_out(out, (B, T, model.vocab_size), "(B, T, V)")
     block_q, block_k = _check_block(block_q, "block_q"), _check_block(block_k, "block_k")
     # YOUR CODE HERE
-    raise NotImplementedError('Lab 12 · threaded_forward: the arrays of fast_forward, once per call; ln_1 of block 0 in the pool; per block: c_attn here, bias + heads in the pool, attention tasks in the pool, c_proj here, bias + residual + ln_2 in the pool, c_fc here, bias + fast_gelu in the pool, c_proj here, bias + residual + the next LayerNorm in the pool; the head here')
+    raise NotImplementedError('Lab 12 · threaded_forward: the arrays of fast_forward, once per call; ln_1 of block 0 in the pool; per block: c_attn (_product with the pool), bias + heads, attention tasks, c_proj (_product with the pool), bias + residual + ln_2, c_fc (_product with the pool), bias + fast_gelu, c_proj (_product with the pool), bias + residual + the next LayerNorm, each in the pool; the head (_head with the pool)')
