@@ -261,9 +261,9 @@ def _head(model: GPTModel, x: np.ndarray, out: np.ndarray | None = None,
     """The tied output head on x (N, D) → logits (N, V), into a new array or into ``out``
     (N, V): one 2-D product, the (V, D) table read once for all N rows (an
     ``Int8Embedding`` does it tile by tile). With ``pool`` (a ``RowPool``), the product
-    runs in ``pool.map`` as ``_product`` runs it: one block per thread of x's rows when
-    there are at least V of them, else of the vocabulary, each block one product at BLAS's
-    one thread."""
+    runs in ``pool.map`` as ``_product`` runs it: about one block per thread of x's rows
+    when there are at least V of them, else of the vocabulary, each block one product at
+    BLAS's one thread."""
     if isinstance(model.wte, Int8Embedding):
         return model.wte.head(x, out)
     if pool is None:
@@ -1415,8 +1415,8 @@ def _product(layer, x: np.ndarray, out: np.ndarray, pool: RowPool | None = None)
     into ``out[a:b]``) when x has at least as many rows as W has columns, else W's columns
     (``x @ W[:, a:b]`` into ``out[:, a:b]``). Every block reads and repacks all of the
     operand that is not cut, so cutting the larger side reads the least, and the blocks
-    are one per thread (``_product_blocks``), not the pool's several: more blocks of a
-    product cost more. The pool's threads then do the work BLAS's own threads would:
+    are about one per thread (``_product_blocks``), not the pool's several: more blocks
+    of a product cost more. The pool's threads then do the work BLAS's own threads would:
     OpenBLAS's threads, once woken, keep busy-waiting for their next product for a while
     (about 0.1 s by default) before they sleep, and in a pass that alternates products
     with maps they take the cores the pool's threads need."""
@@ -1434,8 +1434,9 @@ def _product(layer, x: np.ndarray, out: np.ndarray, pool: RowPool | None = None)
 
 
 def _product_blocks(pool: RowPool, fn, n: int) -> None:
-    """``pool.map(fn, n)`` in one block per thread (blocks of at least ``n // threads``
-    and of the pool's ``min_rows``): a product's blocks all cost the same, and each further
+    """``pool.map(fn, n)`` in about one block per thread (blocks of at least
+    ``n // threads`` rows and of the pool's ``min_rows``; exactly one per thread when
+    ``threads`` divides ``n``): a product's blocks all cost the same, and each further
     block repacks the operand it does not cut."""
     pool.map(fn, n, min_rows=max(pool.min_rows, n // pool.threads))
 
@@ -1456,15 +1457,17 @@ def threaded_forward(model: GPTModel, token_ids: np.ndarray, pool: RowPool, *, b
     its own threads never wake (once woken, they busy-wait between products and take the
     cores the pool needs). The products (each Linear on all B·T rows, then the head) go
     through ``_product(..., pool)`` and ``_head(..., pool)``: blocks of the rows or of
-    the weight's columns, whichever are more. The rest runs over row blocks of the (B·T, ·) arrays: after ``c_attn``, its
-    bias and the copy into contiguous heads (blocks of heads); attention (blocks of (head,
-    query range) tasks, each ``tiled_causal_attention`` of its queries against the keys up
-    to its last, written into its place among the merged heads); after each ``c_proj``,
-    its bias and the residual addition, then the next LayerNorm (``ln_2``, the next block's
-    ``ln_1`` or ``ln_f``) of the same rows; after ``c_fc``, its bias and ``fast_gelu``.
-    That is 1 + 9 maps per block + 1: ``ln_1`` of block 0; per block ``c_attn``, heads,
-    attention, ``c_proj``, residual + ``ln_2``, ``c_fc``, GELU, ``c_proj``, residual + the
-    next LayerNorm; the head.
+    the weight's columns, whichever are more. The rest runs over row blocks of the (B·T, ·)
+    arrays: after ``c_attn``, its bias and the copy into contiguous heads (blocks of
+    heads); attention (blocks of (batch row, query range) tasks, each one
+    ``tiled_causal_attention`` of the range's queries in every head against the keys up to
+    its last, written into its place among the merged heads: all heads in one call, so a
+    task makes as few NumPy calls, each holding the GIL a moment, as it can); after each
+    ``c_proj``, its bias and the residual addition, then the next LayerNorm (``ln_2``, the
+    next block's ``ln_1`` or ``ln_f``) of the same rows; after ``c_fc``, its bias and
+    ``fast_gelu``. That is 1 + 9 maps per block + 1: ``ln_1`` of block 0; per block
+    ``c_attn``, heads, attention, ``c_proj``, residual + ``ln_2``, ``c_fc``, GELU,
+    ``c_proj``, residual + the next LayerNorm; the head.
 
     Args:
         model, token_ids, block_q, block_k, out: as ``fast_forward``.
