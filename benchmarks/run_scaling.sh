@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The scaling runs on a many-core machine, in one go: bench_inference's forward and
 # decoding sections, BLAS's busy-waiting threads and the threaded forward's two ways
-# (blas_spin.py, at THREADS only), the thread probes (threads_probe.py), int8's dequantisation bound,
-# bench_forward and bench_generation, at the thread counts of COUNTS (default 1, 2 and
-# THREADS; THREADS defaults to every core), each report kept as OUT/<name>.md (stderr
-# beside it), each run under its own time limit so that one slow run cannot take the
-# others' time. The most important runs come first.
+# (blas_spin.py, at THREADS only), the thread probes (threads_probe.py), int8's
+# dequantisation bound, bench_forward and bench_generation, at the thread counts of COUNTS
+# (default 1, 2 and THREADS; THREADS defaults to every core), each report kept as
+# OUT/<name>.md (stderr beside it), each run under its own time limit so that one slow run
+# cannot take the others' time. The most important runs come first.
 #
 #     [COUNTS=2,16] benchmarks/run_scaling.sh OUT [THREADS]
 #
@@ -13,13 +13,14 @@
 # safetensors and threadpoolctl importable).
 #
 # The limits are about twice what each run took on the kit's 2-core machine at COUNTS=1,2
-# while other work kept both cores busy (load average 3 to 4): inference 405 s, probe 12 s,
-# int8_tiles 38 s, forward 118 s, generation 125 s, 700 s in all; blas_spin, measured
+# while other work kept both cores busy (load average 3 to 4): inference 405 s, probe
+# 12 s, int8_tiles 38 s, forward 118 s, generation 125 s, 700 s in all; blas_spin, measured
 # alone at 2 threads on the idle machine, 58 s (its one-thread passes take as long on any
 # machine). A machine with more cores runs the 1- and 2-thread rows about as fast as that
-# one and its own count faster, so they hold there too. The limits add up to 1550 s. LIMIT_SCALE (default 1, decimals
-# allowed) multiplies every limit: above 1 for a slower or busier machine, below 1 where a
-# machine is lent for less time than that (or run fewer COUNTS).
+# one and its own count faster, so they hold there too. The limits add up to 1550 s.
+# LIMIT_SCALE (default 1, decimals allowed) multiplies every limit: above 1 for a slower
+# or busier machine, below 1 where a machine is lent for less time than that (or run fewer
+# COUNTS).
 set -u
 OUT=${1:?usage: run_scaling.sh OUT [THREADS]}
 N=${2:-$(nproc)}

@@ -139,20 +139,13 @@ def _head(model: GPTModel, x: np.ndarray, out: np.ndarray | None = None,
     """The tied output head on x (N, D) → logits (N, V), into a new array or into ``out``
     (N, V): one 2-D product, the (V, D) table read once for all N rows (an
     ``Int8Embedding`` does it tile by tile). With ``pool`` (a ``RowPool``), the product
-    runs in ``pool.map`` as ``_product`` runs it: about one block per thread of x's rows
-    when there are at least V of them, else of the vocabulary, each block one product at
-    BLAS's one thread."""
+    runs in ``pool.map`` as ``_product`` runs it (``_pooled_matmul``)."""
     if isinstance(model.wte, Int8Embedding):
         return model.wte.head(x, out)
     if pool is None:
         return np.matmul(x, model.wte.weight.T, out=out)
-    table = model.wte.weight  # (V, D)
-    out = np.empty((x.shape[0], table.shape[0]), np.float32) if out is None else out
-    if x.shape[0] >= table.shape[0]:
-        _product_blocks(pool, lambda a, b: np.matmul(x[a:b], table.T, out=out[a:b]), x.shape[0])
-    else:
-        _product_blocks(pool, lambda a, b: np.matmul(x, table[a:b].T, out=out[:, a:b]), table.shape[0])
-    return out
+    out = np.empty((x.shape[0], model.vocab_size), np.float32) if out is None else out
+    return _pooled_matmul(pool, x, model.wte.weight.T, out)
 
 
 # -- measure first -------------------------------------------------------------------------------
@@ -1002,35 +995,35 @@ def _product(layer, x: np.ndarray, out: np.ndarray, pool: RowPool | None = None)
     when it has none): the caller adds it where it next passes over ``out``. Any other
     layer (an ``Int8Linear``) through its own ``__call__``, bias included, copied into out.
 
-    With ``pool``, the product runs in ``pool.map``, each block one product at BLAS's one
-    thread, over blocks of the larger of out's two dimensions: its rows (``x[a:b] @ W``
-    into ``out[a:b]``) when x has at least as many rows as W has columns, else W's columns
-    (``x @ W[:, a:b]`` into ``out[:, a:b]``). Every block reads and repacks all of the
-    operand that is not cut, so cutting the larger side reads the least, and the blocks
-    are about one per thread (``_product_blocks``), not the pool's several: more blocks
-    of a product cost more. The pool's threads then do the work BLAS's own threads would:
-    OpenBLAS's threads, once woken, keep busy-waiting for their next product for a while
-    (about 0.1 s by default) before they sleep, and in a pass that alternates products
-    with maps they take the cores the pool's threads need."""
+    With ``pool``, the product runs in ``pool.map`` (``_pooled_matmul``). The pool's
+    threads then do the work BLAS's own threads would: OpenBLAS's threads, once woken, keep
+    busy-waiting for their next product for a while (about 0.1 s by default) before they
+    sleep, and in a pass that alternates products with maps they take the cores the pool's
+    threads need."""
     if type(layer) is not Linear:
         np.copyto(out, layer(x))
         return out, None
-    weight = layer.weight
     if pool is None:
-        return np.matmul(x, weight, out=out), layer.bias
-    if x.shape[0] >= weight.shape[1]:
-        _product_blocks(pool, lambda a, b: np.matmul(x[a:b], weight, out=out[a:b]), x.shape[0])
+        return np.matmul(x, layer.weight, out=out), layer.bias
+    return _pooled_matmul(pool, x, layer.weight, out), layer.bias
+
+
+def _pooled_matmul(pool: RowPool, x: np.ndarray, w: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``np.matmul(x, w, out=out)`` for 2-D x (N, K) and w (K, M), in ``pool.map``, each
+    block one product at BLAS's one thread, over blocks of the larger of out's two sides:
+    its rows (``x[a:b] @ w`` into ``out[a:b]``) when N ≥ M, else its columns
+    (``x @ w[:, a:b]`` into ``out[:, a:b]``). Every block reads and repacks all of the
+    operand it does not cut, so cutting the larger side reads the least, and the blocks
+    are about one per thread (at least ``n // threads`` rows and the pool's ``min_rows``;
+    exactly one per thread when ``threads`` divides ``n``), not the pool's several: a
+    product's blocks all cost the same, and each further block costs another repacking.
+    Returns ``out``."""
+    if x.shape[0] >= w.shape[1]:
+        fn, n = (lambda a, b: np.matmul(x[a:b], w, out=out[a:b])), x.shape[0]
     else:
-        _product_blocks(pool, lambda a, b: np.matmul(x, weight[:, a:b], out=out[:, a:b]), weight.shape[1])
-    return out, layer.bias
-
-
-def _product_blocks(pool: RowPool, fn, n: int) -> None:
-    """``pool.map(fn, n)`` in about one block per thread (blocks of at least
-    ``n // threads`` rows and of the pool's ``min_rows``; exactly one per thread when
-    ``threads`` divides ``n``): a product's blocks all cost the same, and each further
-    block repacks the operand it does not cut."""
+        fn, n = (lambda a, b: np.matmul(x, w[:, a:b], out=out[:, a:b])), w.shape[1]
     pool.map(fn, n, min_rows=max(pool.min_rows, n // pool.threads))
+    return out
 
 
 def _query_chunks(T: int, parts: int, step: int) -> list[tuple[int, int]]:
