@@ -50,31 +50,39 @@ def _attend(q: np.ndarray, K: np.ndarray, V: np.ndarray, S: int, d: int) -> np.n
 def gpt2_generate(model, prompt: np.ndarray, n: int, generation) -> np.ndarray:
     """Lab 06's greedy ``generate(model, prompt, n, temperature=0)`` for a batch of one,
     stripped; ``generation`` is the reference lab 06 module (its cache and prompt pass)."""
+    cache = generation.KVCache(model, 1)
+    first = generation.forward_with_cache(model, prompt, cache)[0, -1]
+    return _greedy(first, gpt2_step(model, cache), prompt, n)
+
+
+def gpt2_step(model, cache, product=np.matmul):
+    """The stripped step ``step(token, position)`` → logits (V,) over lab 06's KVCache
+    ``cache`` (batch one, holding the positions before ``position``). Every weight product
+    goes through ``product(x, W)`` (``x @ W``, the head's W is ``wte.weight.T``), so that a
+    probe can time the step's products alone, or the step without them
+    (``threads_probe.py``)."""
     D, H = model.d_model, model.h[0].attn.num_heads
     d = D // H
     c = math.sqrt(2.0 / math.pi)
+    wte, wpe = model.wte.weight, model.wpe.weight
 
     def layer_norm(x, ln):
         x = x - x.mean()
         return x * (ln.weight / math.sqrt(float(x @ x) / D + ln.eps)) + ln.bias
 
-    cache = generation.KVCache(model, 1)
-    first = generation.forward_with_cache(model, prompt, cache)[0, -1]
-    wte, wpe = model.wte.weight, model.wpe.weight
-
     def step(token: int, pos: int) -> np.ndarray:
         x = wte[token] + wpe[pos]
         for b, K, V in zip(model.h, cache.keys, cache.values):
             a, mlp = b.attn, b.mlp
-            q, k, v = np.split(layer_norm(x, b.ln_1) @ a.c_attn.weight + a.c_attn.bias, 3)
+            q, k, v = np.split(product(layer_norm(x, b.ln_1), a.c_attn.weight) + a.c_attn.bias, 3)
             K[0, :, pos], V[0, :, pos] = k.reshape(H, d), v.reshape(H, d)
-            x = x + (_attend(q.reshape(H, 1, d), K[0], V[0], pos + 1, d) @ a.c_proj.weight + a.c_proj.bias)
-            h = layer_norm(x, b.ln_2) @ mlp.c_fc.weight + mlp.c_fc.bias
+            x = x + (product(_attend(q.reshape(H, 1, d), K[0], V[0], pos + 1, d), a.c_proj.weight) + a.c_proj.bias)
+            h = product(layer_norm(x, b.ln_2), mlp.c_fc.weight) + mlp.c_fc.bias
             h = 0.5 * h * (1.0 + np.tanh(c * (h + 0.044715 * h * h * h)))
-            x = x + (h @ mlp.c_proj.weight + mlp.c_proj.bias)
-        return layer_norm(x, model.ln_f) @ wte.T
+            x = x + (product(h, mlp.c_proj.weight) + mlp.c_proj.bias)
+        return product(layer_norm(x, model.ln_f), wte.T)
 
-    return _greedy(first, step, prompt, n)
+    return step
 
 
 def llama_generate(model, prompt: np.ndarray, n: int, llama) -> np.ndarray:
