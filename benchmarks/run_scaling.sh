@@ -18,9 +18,9 @@
 # 12 s, int8_tiles 38 s, forward 118 s, generation 125 s, 700 s in all; blas_spin, measured
 # alone at 2 threads on the idle machine, 58 s (its one-thread passes take as long on any
 # machine); the probe with its decoding step taken apart, at 2 threads on the idle
-# machine, 19 s (limit 80 s at each count). A machine with more cores runs the 1- and
+# machine, 31 s (limit 120 s at each count). A machine with more cores runs the 1- and
 # 2-thread rows about as fast as that one and its own count faster, so they hold there
-# too. The limits add up to 1650 s.
+# too. The limits add up to 1730 s.
 # LIMIT_SCALE (default 1, decimals allowed) multiplies every limit: above 1 for a slower
 # or busier machine, below 1 where a machine is lent for less time than that (or run fewer
 # COUNTS).
@@ -44,8 +44,8 @@ run() {
 echo "threads: $N; counts: ${COUNTS:-1,2,$N}; limits × ${LIMIT_SCALE:-1}; load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 run inference 800 benchmarks/bench_inference.py --threads "$N" --repeats 2 --new-tokens 12 --only forward,decoding
 run blas_spin 120 benchmarks/blas_spin.py --threads "$N" --repeats 2
-OPENBLAS_NUM_THREADS=$N run probe 80 benchmarks/threads_probe.py
-OPENBLAS_NUM_THREADS=2 run probe_2 80 benchmarks/threads_probe.py
+OPENBLAS_NUM_THREADS=$N run probe 120 benchmarks/threads_probe.py
+OPENBLAS_NUM_THREADS=2 run probe_2 120 benchmarks/threads_probe.py
 run int8_tiles 90 benchmarks/bench_inference.py --threads "$N" --repeats 2 --new-tokens 8 --only tiles
 run forward 240 benchmarks/bench_forward.py --threads "$N" --repeats 1
 run generation 240 benchmarks/bench_generation.py --threads "$N" --new-tokens 16 --repeats 1
