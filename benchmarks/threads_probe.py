@@ -185,7 +185,6 @@ def decode_parts(model, rng, steps: int = 16, repeats: int = 7) -> None:
           f"{ms['weight products alone'] / ms['whole step']:.0%}")
 
 
-
 def decoder_parts(model, inference, rng, streams: int, steps: int = 16, repeats: int = 3, prompt: int = 32) -> None:
     """Print lab 12's decoder's step taken apart (see the module's docstring), ms per step."""
     spent = dict.fromkeys(("products", "attention", "attention's products"), 0.0)
