@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The scaling runs on a many-core machine, in one go: bench_inference's forward and
 # decoding sections, BLAS's busy-waiting threads and the threaded forward's two ways
-# (blas_spin.py, at THREADS only), the thread probes (threads_probe.py, at THREADS and
-# at 2, where the stripped decoding step is taken apart), int8's
-# dequantisation bound, bench_forward and bench_generation, at the thread counts of COUNTS
-# (default 1, 2 and THREADS; THREADS defaults to every core), each report kept as
-# OUT/<name>.md (stderr beside it), each run under its own time limit so that one slow run
-# cannot take the others' time. The most important runs come first.
+# (blas_spin.py, at THREADS only), the thread probes (threads_probe.py, at THREADS and at
+# 2, where a decoding step is taken apart), int8's dequantisation bound, bench_forward and
+# bench_generation, at the thread counts of COUNTS (default 1, 2 and THREADS; THREADS
+# defaults to every core), each report kept as OUT/<name>.md (stderr beside it), each run
+# under its own time limit so that one slow run cannot take the others' time. The most
+# important runs come first.
 #
 #     [COUNTS=2,16] benchmarks/run_scaling.sh OUT [THREADS]
 #

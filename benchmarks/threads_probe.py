@@ -202,10 +202,12 @@ def decoder_parts(model, inference, rng, streams: int, steps: int = 16, repeats:
             return result
         return call
 
+    timed_attend = timed(attend, "attention")
+
     def attention(*args, **kwargs):
         inside[0] = True
         try:
-            return timed(attend, "attention")(*args, **kwargs)
+            return timed_attend(*args, **kwargs)
         finally:
             inside[0] = False
 

@@ -236,7 +236,7 @@ def test_threaded_forward_hands_its_work_to_the_pool():
         assert len(calls) == 2 + 9 * LAYERS, (
             f"{where} made {len(calls)} pool.map calls ({calls}); its docstring states 1 + 9 per block + 1, every "
             f"product in the pool too (BLAS at one thread for the whole pass): {stated}")
-        cut = [N if N >= width else width for width in (3 * D, D, 4 * D, D, V)]  # the larger side is cut
+        cut = [max(N, width) for width in (3 * D, D, 4 * D, D, V)]  # the larger side is cut
         sizes = (cut[0], B * HEADS, None, cut[1], N, cut[2], N, cut[3], N)
         for i in range(LAYERS):
             got = calls[1 + 9 * i: 10 + 9 * i]
