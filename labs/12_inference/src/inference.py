@@ -1043,8 +1043,8 @@ def threaded_forward(model: GPTModel, token_ids: np.ndarray, pool: RowPool, *, b
     cores the pool needs). The products (each Linear on all B·T rows, then the head) go
     through ``_product(..., pool)`` and ``_head(..., pool)``: blocks of the rows or of
     the weight's columns, whichever are more. The rest runs over row blocks of the (B·T, ·)
-    arrays: after ``c_attn``, its bias and the copy into contiguous heads (blocks of
-    heads); attention (blocks of (batch row, query range) tasks, each one
+    arrays: after ``c_attn``, its bias and the copy into contiguous heads (blocks of the
+    B·H (batch row, head) pairs); attention (blocks of (batch row, query range) tasks, each one
     ``tiled_causal_attention`` of the range's queries in every head against the keys up to
     its last, written into its place among the merged heads: all heads in one call, so a
     task makes as few NumPy calls, each holding the GIL a moment, as it can); after each
