@@ -202,6 +202,11 @@ def sandbox_runtime(mode: str) -> runtime.Runtime:
 _CLONE_NEWNS, _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = (
     0x20000, 0x1, 0x2, 0x4, 0x20, 0x1000, 0x4000, 0x40000)
 TMPFS_INODES = 4096  # files and folders one lab process's /tmp may hold
+# What each file, folder or link costs against the disk quota besides its data: an empty
+# file holds no block but an inode and a folder entry, and a lab process that made them by
+# the hundred thousand in its hand-off folder (on the host's disk) would fill the host's
+# inodes, and every other student's writes with them, within its quota of bytes.
+ENTRY_BYTES = 4096
 
 
 HANDOFF_PHASES = ("public", "hidden")
@@ -543,11 +548,13 @@ def _peak_mb(pid: int) -> int:
 
 
 def _folder_bytes(path: str) -> int:
+    """What a folder holds against the disk quota: its entries' blocks, and
+    ``ENTRY_BYTES`` for each entry."""
     total = 0
     for dirpath, dirnames, filenames in os.walk(path):
         for name in dirnames + filenames:
             try:
-                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512 + ENTRY_BYTES
             except OSError:
                 pass
     return total
@@ -872,9 +879,10 @@ class _LabProcesses:
         return _tree_leaf(p.proc.pid)
 
     def _disk_used(self, p: _LabProcess) -> int | None:
-        """Bytes a live lab process keeps in its scratch folder, as the host measures them
-        (None if it cannot): its own /tmp is seen through ``/proc/<pid>/root``, and only
-        a tmpfs of the quota's size counts (not a /tmp it does not have yet)."""
+        """Bytes a live lab process keeps in its scratch folder and its hand-off folder,
+        as the host measures them, ``ENTRY_BYTES`` for each file, folder or link among them
+        (None if it cannot): its own /tmp is seen through ``/proc/<pid>/root``, and only a
+        tmpfs of the quota's size counts (not a /tmp it does not have yet)."""
         extra = _folder_bytes(p.handoff) if p.handoff else 0
         if p.home:
             return _folder_bytes(p.home) + extra
@@ -887,7 +895,7 @@ class _LabProcesses:
             return None
         if st.f_blocks * st.f_frsize != tmpfs_bytes(self.limits.disk_mb):
             return None
-        return (st.f_blocks - st.f_bfree) * st.f_frsize + extra
+        return (st.f_blocks - st.f_bfree) * st.f_frsize + (st.f_files - st.f_ffree) * ENTRY_BYTES + extra
 
     def watch_disk(self, stop: threading.Event, every: float = 0.1) -> None:
         """The disk quota: a lab process that keeps more than ``Limits.disk_mb`` in its

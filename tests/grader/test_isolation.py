@@ -467,6 +467,48 @@ def test_writing_a_gigabyte_is_stopped_with_a_grader_flag(mode_grader, tmp_path)
     assert not _host_files("fill-")
 
 
+EMPTY_FILES = r'''
+import os as _os, sys as _sys, time as _time
+
+
+def _handoff_folders():
+    """The lab process's hand-off folders, on the host's disk: the lab server's own
+    configuration names them (its write roots), a few frames up from this import."""
+    f = _sys._getframe()
+    while f is not None:
+        cfg = f.f_locals.get("config")
+        if isinstance(cfg, dict) and "write_roots" in cfg:
+            return [w for w in cfg["write_roots"] if "handoff" in w]
+        f = f.f_back
+    return []
+
+
+_made, _cpu = 0, _time.process_time()
+for _d in _handoff_folders():  # empty files hold no block, only an inode and an entry each
+    _base = _os.path.join(_d, "flood")
+    _os.makedirs(_base, exist_ok=True)
+    while _made < 60_000 and _time.process_time() - _cpu < 1.5:
+        if _made % 5000 == 0:
+            _os.mkdir(_os.path.join(_base, str(_made // 5000)))
+        _os.close(_os.open(_os.path.join(_base, str(_made // 5000), str(_made)), _os.O_CREAT | _os.O_WRONLY, 0o600))
+        _made += 1
+    break
+_time.sleep(3)  # holding them, below every CPU limit
+'''
+
+
+def test_empty_files_by_the_ten_thousand_count_against_the_disk_quota(mode_grader, tmp_path):
+    """Lab code that fills its hand-off folder (on the host's disk) with empty files, which
+    hold no block: each file and folder counts 4 KiB against the quota, so the process is
+    stopped with the grader's flag before the host's inodes, and with them every other
+    student's writes, run out; the next lab keeps its points."""
+    r = mode_grader.grade("ivan", submission(tmp_path / "ivan", "stub", EMPTY_FILES))
+    assert any(f.startswith("disk quota") for f in r.labs[L1].flags), (
+        "empty files in the hand-off folder went uncounted (or the attack found no hand-off folder)", r.labs[L1].flags)
+    assert r.labs[L2].points == mode_grader.rubric[L2].points
+    assert not any("disk quota" in f for f in r.labs[L2].flags)
+
+
 FORGE = r'''
 import __main__ as _main
 
