@@ -23,8 +23,31 @@ def _short(nodeid: str) -> str:
     return nodeid.split("/")[-1]
 
 
+# Characters no output passes on as they are: control characters (in a terminal an escape
+# sequence moves the cursor over the scores, sets the window's title or writes the
+# clipboard) and invisible formatting (a bidi override shows text in another order than it
+# is). A message is lab code's to word (an exception it raises), so each is shown by its
+# code point instead.
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2064"
+                     "\u2066-\u206f\ufeff\ufff9-\ufffb]")
+
+
+def visible(text: str) -> str:
+    """``text`` with every control or invisible formatting character written as its code."""
+    return _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def markdown_inline(text: str) -> str:
+    """``text`` (one line) for a markdown page, read as it is written: no tag (``<`` before a
+    letter, ``/``, ``!`` or ``?`` is written ``&lt;``) and no link or image (``](`` is
+    escaped), so a message cannot load an image or hide a link in the page."""
+    return re.sub(r"<(?=[A-Za-z/!?])", "&lt;", visible(text)).replace("](", "]\\(")
+
+
 def first_line(message: str, limit: int = 300) -> str:
-    line = next((ln.strip() for ln in message.splitlines() if ln.strip()), "")
+    """The first non-blank line of ``message``, at most ``limit`` characters, with no
+    control or invisible formatting character (``visible``)."""
+    line = next((ln.strip() for ln in visible(message).splitlines() if ln.strip()), "")
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
@@ -42,17 +65,18 @@ def hidden_names(r: StudentResult) -> dict[str, str]:
 
 
 def feedback_markdown(r: StudentResult) -> str:
-    out = [f"# Feedback for {r.student}", ""]
+    md = markdown_inline
+    out = [f"# Feedback for {md(r.student)}", ""]
     if r.error:
-        out += [f"**This submission could not be graded:** {r.error}", ""]
+        out += [f"**This submission could not be graded:** {md(r.error)}", ""]
     out += [f"**Total: {pts(r.total)} / {pts(r.max_total)}**", ""]
     if r.flags:
-        out += ["Notes:", *[f"- {f}" for f in r.flags], ""]
+        out += ["Notes:", *[f"- {md(f)}" for f in r.flags], ""]
     hidden = hidden_names(r)
     for lab, lr in r.labs.items():
         out += [f"## {lab}: {pts(lr.points)} / {pts(lr.max_points)}", ""]
-        out += [f"- note: {f}" for f in lr.flags if not is_review(f)]
-        review = [f.removeprefix(REVIEW) for f in lr.flags if is_review(f)]
+        out += [f"- note: {md(f)}" for f in lr.flags if not is_review(f)]
+        review = [md(f.removeprefix(REVIEW)) for f in lr.flags if is_review(f)]
         if review:
             out.append("- note: the grader's static review listed these lines for your instructor to read; "
                        "they change no score:")
@@ -60,7 +84,7 @@ def feedback_markdown(r: StudentResult) -> str:
         failed = [t for t in lr.tests if t.outcome != "passed"]
         passed = len(lr.tests) - len(failed)
         if _never_ran(lr) and len({t.message for t in lr.tests}) == 1:  # e.g. not handed in: said once
-            out += [f"None of its {len(lr.tests)} tests ran: {first_line(lr.tests[0].message, 600)}.", ""]
+            out += [f"None of its {len(lr.tests)} tests ran: {md(first_line(lr.tests[0].message, 600))}.", ""]
             continue
         out.append(f"{passed} of {len(lr.tests)} tests passed.")
         if failed:
@@ -75,7 +99,7 @@ def feedback_markdown(r: StudentResult) -> str:
                 groups.setdefault(reason, []).append(f"`{_short(t.nodeid).split('::')[-1]}`")
         for reason, names in groups.items():
             shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
-            out.append(f"- {shown}: {reason}")
+            out.append(f"- {shown}: {md(reason)}")
         out.append("")
     return "\n".join(out)
 
@@ -99,8 +123,8 @@ def gradescope_json(r: StudentResult) -> dict:
             tests.append(entry)
     out = {"score": round(r.total, 4), "tests": tests, "visibility": "visible",
            "stdout_visibility": "hidden"}
-    notes = ([f"Could not be graded: {r.error}"] if r.error else []) + r.flags + [
-        f for lr in r.labs.values() for f in lr.flags]
+    notes = [visible(n) for n in ([f"Could not be graded: {r.error}"] if r.error else []) + r.flags + [
+        f for lr in r.labs.values() for f in lr.flags]]
     out["output"] = "\n".join([*(f"{lab}: {pts(lr.points)} / {pts(lr.max_points)}{_not_run(lr)}"
                                  for lab, lr in r.labs.items()), *notes])
     return out
@@ -217,8 +241,8 @@ def summary_table(labs: list[str], results: list[StudentResult], stats: dict) ->
     for r in results:
         cells = "  ".join(f"{r.labs[lab].points:>6.1f}" if lab in r.labs else f"{'':>6}" for lab in labs)
         flags = brief_flags(r)
-        flag = (flags[0][:60] + (f" (+{len(flags) - 1})" if len(flags) > 1 else "")) if flags else ""
-        lines.append(f"{r.student:<{w}}  {cells}  {r.total:>7.1f}  {flag}")
+        flag = (visible(flags[0])[:60] + (f" (+{len(flags) - 1})" if len(flags) > 1 else "")) if flags else ""
+        lines.append(f"{visible(r.student):<{w}}  {cells}  {r.total:>7.1f}  {flag}")
     lines.append("-" * len(head))
     lines.append(f"{'mean %':<{w}}  " + "  ".join(f"{100 * stats['labs'][lab]['mean_fraction']:>6.0f}" for lab in labs))
     for lab in labs:

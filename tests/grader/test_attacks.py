@@ -235,3 +235,33 @@ def test_bad_zips_are_reported_not_graded(grader, tmp_path, kind):
     r = grader.grade(kind, z)
     assert r.error and r.total == 0
     assert all(t.points == 0 for lr in r.labs.values() for t in lr.tests)
+
+
+WORDED = ("\x1b[3A\x1b[2K\x1b]0;graded\x07\x1b]52;c;Y2F0IC9ldGMvcGFzc3dk\x07\u202e01 :latot\u202c "
+          "<img src=x onerror=alert(1)> ![seen](http://example.invalid/pixel.png) [your grade](http://example.invalid)")
+
+
+def test_a_message_lab_code_words_reaches_no_output_as_markup_or_escapes(grader, make_submission):
+    """Lab code raises an error whose message holds terminal escape sequences (cursor
+    moves over the score table, a window title, a clipboard write), a bidi override and
+    markup (a tag, an image that a markdown viewer would load, a link): the printed
+    summary, feedback.md, Gradescope's results and the class page carry none of the
+    characters as they are, and the two pages none of the markup, only written out (the
+    escape as \\u001b, the tag as &lt;img)."""
+    from grader.outputs import class_stats, feedback_markdown, gradescope_json, report_html, summary_table
+
+    raise_it = f"    raise ValueError({WORDED!r})\n"
+    r = grade(grader, make_submission("worder", edits={CM: [(SOFTMAX_LINE, raise_it + SOFTMAX_LINE)]}))
+    assert any("\\u001b[3A" in t.message or "\x1b[3A" in t.message for t in r.labs[L1].tests), (
+        "the lab's message did not reach a test's record: the attack did not run as meant")
+    stats = class_stats(list(r.labs), [r])
+    outputs = {"summary": summary_table(list(r.labs), [r], stats), "feedback.md": feedback_markdown(r),
+               "results.json": str(gradescope_json(r)), "report.html": report_html(list(r.labs), [r], stats)}
+    for name, text in outputs.items():
+        assert not any(c in text for c in "\x1b\x07\u202e\u202c"), f"{name} passes on a control or bidi character"
+        if name in ("feedback.md", "report.html"):  # pages a viewer renders (the others are plain text)
+            assert "<img src=x" not in text, f"{name} passes on the lab's tag"
+        if name == "feedback.md":
+            assert "](http" not in text, "feedback.md passes on the lab's link and image"
+    assert "\\u001b[3A" in outputs["feedback.md"] and "&lt;img" in outputs["feedback.md"], (
+        "feedback.md should still show what the message said, written out")
