@@ -96,6 +96,14 @@ def fail(kind):
     if kind == "subclass":
         return np.zeros(3).view(np.matrix)
 
+def forge_provenance():
+    """Patch the wire lab code can import so that every array it sends says it is one
+    object at one place."""
+    import gptkit.testing.wire as w
+    w.id = lambda obj: 1
+    w.byte_range = lambda a: (4096, 8192)
+    return "patched"
+
 def escape(how):
     """Try to leave this process; say what happened."""
     import os, sys, threading
@@ -245,6 +253,18 @@ def test_changes_to_arguments_and_identity(lab):
     buf.length = 2
     assert same_object(buf.data, buf.data) and not same_object(buf.data, buf.view())
     assert shares_memory(buf.view(), buf.data) and not shares_memory(buf.view(), lab.Buffer(3).data)
+
+
+def test_lab_code_cannot_forge_where_its_arrays_live(lab):
+    """same_object and shares_memory rest on what the lab process says of each array it
+    sends; lab code that patches the wire it can import (every array one object at one
+    place) patches a copy of its own, not the one that answers."""
+    assert lab.forge_provenance() == "patched"
+    one, two = lab.Buffer(3), lab.Buffer(3)
+    assert not same_object(one.data, two.data), "a patched wire made two arrays one object"
+    assert not shares_memory(one.data, two.data), "a patched wire made two arrays share memory"
+    one.length = 2
+    assert same_object(one.data, one.data) and shares_memory(one.view(), one.data)
 
 
 def test_generators_and_callbacks(lab):
