@@ -12,7 +12,8 @@ The benchmarks run one after another, each in a process of its own (each sets it
 threads before NumPy loads, and none shares the machine with another). A report replaces
 what lies between ``<!-- BEGIN bench_<name> -->`` and ``<!-- END bench_<name> -->`` in
 docs/performance.md (a benchmark without them gets a section at the end), under a line
-saying when it ran and for how long. The block between ``<!-- BEGIN run -->`` and
+saying when it ran, for how long and from which source (``source()``: a fingerprint of
+the script, which tests/kit/test_docs.py holds to the script as it is now). The block between ``<!-- BEGIN run -->`` and
 ``<!-- END run -->`` says where and with what the last full run ran (a run with ``--only``
 adds a line), and the summaries go to
 README.md between ``<!-- BEGIN benchmark-summaries -->`` and its end marker. A benchmark
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import os
 import platform
 import re
@@ -105,6 +107,12 @@ def versions() -> str:
     except ImportError:
         pass
     return ", ".join(found)
+
+
+def source(name: str) -> str:
+    """The fingerprint of a benchmark's script (the first 12 hex digits of its SHA-256):
+    a report's stamp carries it, so a script changed since its report shows."""
+    return hashlib.sha256((HERE / f"{name}.py").read_bytes()).hexdigest()[:12]
 
 
 def now() -> str:
@@ -191,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         stamp = (f"*Generated {now()} in {seconds:.0f} s by `benchmarks/{name}.py"
                  f"{''.join(' ' + a for a in arguments(name, args.quick))}` "
-                 f"(alone: `{COMMAND} --only {name[6:]}{' --quick' if args.quick else ''}`).*\n\n")
+                 f"(source {source(name)}; alone: `{COMMAND} --only {name[6:]}{' --quick' if args.quick else ''}`).*\n\n")
         # Written as each benchmark ends, so a long run that stops keeps what it finished.
         DOC.write_text(replace_section(DOC.read_text(), name, stamp + report.lstrip(), heading=f"## {name}"))
     total = time.perf_counter() - start
