@@ -42,6 +42,11 @@ SPEC_HINT = ("each round emits the accepted drafts and then the target's own nex
 
 # --- helpers ---------------------------------------------------------------------------------
 
+def _unseen(out) -> str:
+    """NO_KEY_SEEN where the result holds a NaN (a row whose l stayed 0 divides 0 by 0), else no hint."""
+    return NO_KEY_SEEN if isinstance(out, np.ndarray) and out.dtype.kind == "f" and np.isnan(out).any() else ""
+
+
 def _model(prefix="param.", case="model", **shape):
     """The student's GPTModel holding one of the fixtures' random GPT-2s (every parameter random)."""
     f = load_fixture(LAB, case)
@@ -152,6 +157,25 @@ def test_profile_decode_step_names_every_layer_and_leaves_the_cache():
                                         f"got {lengths.tolist()}: the step is only measured")
 
 
+def test_profile_decode_step_leaves_what_the_cache_holds():
+    """The profiled step writes each row's keys and values at its next position, past what the
+    cache holds: a forward_slots step afterwards gives what it gives when no profile ran."""
+    ids = load_fixture(LAB, "model")["ids"]
+    model = _model()
+    steps = []
+    for profiled in (False, True):  # the same step, without a profile before it and with one
+        cache = I.SlotCache(model, 2)
+        I.forward_slots(model, ids[:, :6], cache, np.arange(2))
+        if profiled:
+            I.profile_decode_step(model, ids[:, 6:7], cache, repeats=2)
+        steps.append(I.forward_slots(model, ids[:, 6:7], cache, np.arange(2)))
+    assert_close(steps[1], steps[0], atol=1e-6,
+                 what="forward_slots of token 7 after profile_decode_step of it (the same step without the profile)",
+                 hint="profile_decode_step runs the step at each row's next position, cache.lengths[i]: the keys "
+                      "and values it writes lie past what the cache holds, and the lengths are put back, so the "
+                      "positions the cache held keep their keys and values")
+
+
 # --- tiled attention --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("case", ATTENTION)
@@ -163,7 +187,7 @@ def test_tiled_attention_matches_causal_attention(case):
     assert_ndarray(out, f"tiled_causal_attention (block_q={bq}, block_k={bk})", dtype=np.float32, shape=expected.shape)
     T, S = f[f"q_{case}"].shape[-2], f[f"k_{case}"].shape[-2]
     assert_close(out, expected, what=f"tiled attention, T={T} queries over S={S} keys, tiles {bq}×{bk}",
-                 diagnoses=stored_diagnoses(f, f"out_{case}"), hint=NO_KEY_SEEN)
+                 diagnoses=stored_diagnoses(f, f"out_{case}"), hint=_unseen(out))
 
 
 @pytest.mark.parametrize("case", ATTENTION)
@@ -256,7 +280,7 @@ def test_tiled_attention_any_tiles(T, extra, bq, bk, seed):
     k, v = rng.standard_normal((2, S, 4)).astype(np.float32), rng.standard_normal((2, S, 3)).astype(np.float32)
     out = I.tiled_causal_attention(q, k, v, block_q=bq, block_k=bk)
     assert_close(out, _attention64(q, k, v), what="tiled attention on random shapes and tiles",
-                 hint=f"T={T}, S={S}, tiles {bq}×{bk}; {NO_KEY_SEEN}")
+                 hint=f"T={T}, S={S}, tiles {bq}×{bk}" + (f"; {_unseen(out)}" if _unseen(out) else ""))
 
 
 def test_tiled_attention_when_every_score_is_far_below_zero():
@@ -322,6 +346,22 @@ def test_fast_gelu_caps_its_exponent_at_88():
             f"without its cap: exp(−2u) overflows to inf (NumPy warns) and the result collapses to −0.0. Cap it "
             f"with np.minimum(z, 88, out=z) before np.exp")
     assert_close(y, expected, atol=0, rtol=1e-3, what="fast_gelu far left of 0 (x / (1 + e^88))")
+
+
+def test_fast_gelu_holds_one_scratch_array():
+    """In place with one scratch array: beside x it holds about one more array of x's size at its peak, where
+    writing the formula as expressions makes a new array per operation."""
+    x = np.random.default_rng(6).uniform(-6, 6, 1 << 20).astype(np.float32)  # 4 MB
+    expected = 0.5 * x.astype(np.float64) * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x.astype(np.float64) ** 3)))
+    y, peak = I.peak_memory(I.fast_gelu, x)
+    y = assert_ndarray(y, "fast_gelu of 2²⁰ numbers", dtype=np.float32, shape=x.shape)
+    assert_close(y, expected.astype(np.float32), atol=1e-5, rtol=1e-4, what="fast_gelu of 2²⁰ numbers in [−6, 6]")
+    bound = int(1.25 * x.nbytes) + (1 << 16)
+    assert peak <= bound, (
+        f"fast_gelu on {x.nbytes / 1e6:.1f} MB of float32 held {peak / 1e6:.1f} MB beyond x at its peak; one scratch "
+        f"array is {x.nbytes / 1e6:.1f} MB (at most {bound / 1e6:.1f} MB allowed). Compute u into one array made once "
+        f"(np.multiply(x, x, out=…), then *=, +=, np.minimum and np.exp with out=) instead of expressions such as "
+        f"x + 0.044715 * x * x * x, each of which makes a new array")
 
 
 def test_fast_forward_matches_the_model():
@@ -390,6 +430,30 @@ def test_slot_cache_reset_empties_one_slot():
     logits = I.forward_slots(model, f["ids_0"], cache, f["slots_0"])  # slot 2 holds row a from its start again
     assert_close(logits, f["logits_0"], what="forward_slots on a slot after reset (a new sequence from position 0)",
                  atol=1e-4)
+
+
+def test_forward_slots_is_finite_when_the_scores_are_large():
+    """Queries and keys 60 times larger make scores in the thousands: a softmax that subtracts each row's max
+    (lab 01's) stays finite and equals the model's own logits, where exp of the raw scores overflows."""
+    f = load_fixture(LAB, "model")
+    model = _model()
+    for i in range(LAYERS):  # every block's c_attn weight × 60
+        c_attn = model.h[i].attn.c_attn
+        c_attn.weight = np.asarray(c_attn.weight) * np.float32(60.0)
+    ids = f["ids"][:, :9]
+    expected = model(ids)
+    assert np.isfinite(expected).all(), "the model's own logits are not finite: lab 04's attention needs lab 01's stable softmax"
+    cache = I.SlotCache(model, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        logits = I.forward_slots(model, ids, cache, np.arange(2))
+    logits = assert_ndarray(logits, "forward_slots with large scores", dtype=np.float32, shape=(2, 9, V))
+    if not np.isfinite(logits).all():
+        raise AssertionError("forward_slots gave non-finite logits when the attention scores are in the thousands: "
+                             "attend_rows's softmax must subtract each row's largest score before exp (as lab 01's "
+                             "softmax does); exp of a score above 88 overflows in float32")
+    assert_close(logits, expected, atol=1e-3, rtol=1e-3, what="forward_slots with c_attn's weights × 60 (the "
+                 "model's own logits)")
 
 
 def test_forward_slots_rejects_bad_slots():
@@ -494,6 +558,35 @@ def test_each_step_is_one_forward_pass_for_the_whole_batch():
         f"{len(trace)} steps, each one forward pass for the whole batch, and one prefill per step that admits prompts "
         f"longer than one token (all of that step's together) make {want} forward passes; the decoder made "
         f"{dec.forward_calls}")
+
+
+def test_batched_decoder_samples_with_sample_next_and_its_rng():
+    """At temperature 0.8 with top_k = 10 each step's tokens are lab 06's sample_next of the step's logits (one row
+    per active request, in slot order) with the decoder's rng: the same draws as the test makes from the model's
+    own logits with a generator seeded alike."""
+    f = load_fixture(LAB, "batched")
+    model = _model()
+    S = lab("generation")
+    prompts, n = [f["prompt_0"], f["prompt_1"]], 6
+    dec = I.BatchedDecoder(model, 2, temperature=0.8, top_k=10, rng=np.random.default_rng(21))
+    for p in prompts:
+        dec.submit(p, n)
+    got = dec.run()
+    rng, seqs = np.random.default_rng(21), [list(map(int, p)) for p in prompts]
+    for _ in range(n):
+        logits = np.stack([model(np.array([s]))[0, -1] for s in seqs])  # (2, V): each request's next-token logits
+        for s, t in zip(seqs, np.asarray(S.sample_next(logits, temperature=0.8, top_k=10, rng=rng)).tolist()):
+            s.append(int(t))
+    greedy = [list(map(int, f["tokens"][i][f["tokens"][i] >= 0][: len(prompts[i]) + n])) for i in range(2)]
+    for rid, want in enumerate(seqs):
+        tokens = assert_ndarray(got.get(rid), f"run()[{rid}]", dtype="iu").tolist()
+        if tokens != want:
+            why = (" Your result matches the greedy tokens: pick each step's tokens with sample_next(logits, "
+                   "**self.sampling), which samples at the decoder's temperature" if tokens == greedy[rid] else "")
+            raise AssertionError(
+                f"BatchedDecoder(model, 2, temperature=0.8, top_k=10, rng=default_rng(21)), request {rid}: expected "
+                f"{want}, got {tokens}.{why} Each step calls lab 06's sample_next once, on the (B, V) logits of the "
+                f"active requests in slot order, with the decoder's own rng")
 
 
 def test_submit_rejects_what_cannot_fit():
@@ -684,6 +777,53 @@ def test_speculative_greedy_runs_the_target_once_per_round_over_the_drafts():
 P = np.array([0.05, 0.30, 0.10, 0.25, 0.20, 0.10])  # the target's distribution in the sampling tests
 Q = np.array([0.25, 0.10, 0.30, 0.05, 0.20, 0.10])  # the draft's
 DRAWS = 60000
+
+
+def test_speculative_greedy_stops_at_an_eos_among_the_accepted_drafts():
+    """With the target as its own draft every draft is accepted, and eos may be one of them, not a round's last
+    token: the tokens stop at it, as lab 06's greedy generate with eos does."""
+    f = load_fixture(LAB, "speculative")
+    prompt, k = f["prompt_0"], int(f["k_self"])
+    new = f["tokens_self"][len(prompt):].tolist()
+    # a token first emitted inside a round: every round emits k accepted drafts, then the bonus token
+    at = next(i for i in range(1, len(new)) if new[i] not in new[:i] and (i + 1) % (k + 1) != 0)
+    eos = new[at]
+    expected = f["tokens_self"][: len(prompt) + at + 1]
+    with _speculating(f"speculative_greedy(target, target, prompt, {SPEC_NEW}, k={k}, eos={eos})"):
+        tokens, _ = I.speculative_greedy(_model(), _model(), prompt, SPEC_NEW, k=k, eos=eos)
+    _same_tokens(tokens, expected, {}, what=f"speculative greedy decoding, the target as its own draft, eos = {eos} "
+                 f"(new token {at + 1}, an accepted draft of round {at // (k + 1) + 1})",
+                 hint="with eos, stop once it is emitted, whether it is an accepted draft or the round's own token: "
+                      "look for eos among every token the round emits")
+
+
+def test_drafter_samples_its_drafts_at_the_temperature_and_returns_their_q():
+    """At temperature 2, propose draws the draft's token from q = softmax(the draft's logits / 2) with rng and
+    returns that q: its value against the draft model's own logits, its draws against q."""
+    f = load_fixture(LAB, "speculative")
+    draft = _draft("near")
+    context = f["drafter_context"].tolist()
+    logits = np.asarray(draft(np.array([context]))[0, -1], np.float64) / 2.0
+    q = np.exp(logits - logits.max())
+    q /= q.sum()
+    drafter, rng = I.Drafter(draft, 3), np.random.default_rng(8)
+    runs, counts = 300, np.zeros(len(q))
+    for i in range(runs):
+        tokens, probs = drafter.propose(context, 1, temperature=2.0, rng=rng)
+        if i == 0:
+            probs = assert_ndarray(probs, "Drafter.propose's q at temperature 2", shape=(1, len(q)))
+            assert_close(probs[0], q, atol=1e-5, rtol=1e-4,
+                         what="the q that Drafter.propose returns at temperature 2 (softmax of the draft's logits / 2)",
+                         hint="q is the distribution the draft drew from: softmax(logits / temperature) at the "
+                              "temperature given, not at 1")
+        counts[int(assert_ndarray(tokens, "Drafter.propose's tokens", dtype="iu", shape=(1,))[0])] += 1
+        drafter.keep(len(context) - 1)
+    top = int(np.argmax(q))
+    freq = counts[top] / runs
+    assert abs(freq - q[top]) <= 5 * math.sqrt(q[top] * (1 - q[top]) / runs) + 1.5 / runs, (
+        f"Drafter.propose at temperature 2, {runs} draws: the draft's likeliest token {top} has q = {q[top]:.3f} but "
+        f"came {freq:.3f} of the time: each draft is a draw from q with rng"
+        + (" (your drafts are the argmax at every temperature)" if freq == 1.0 else ""))
 
 
 def _residual(p, q):
@@ -911,6 +1051,48 @@ def test_int8_linear_matches_the_dequantised_product():
     exact = f["x"] @ f["W"] + f["bias"]
     rel = float(np.abs(out - exact).max() / np.abs(exact).max())
     assert rel < 0.02, f"Int8Linear differs from the float32 Linear by {rel:.3f} of its largest output"
+
+
+def test_int8_linear_dequantises_whole_blocks_tile_by_tile():
+    """A weight of many tiles: each tile is whole blocks of rows, each block times its own scales, and the whole
+    float32 weight never exists (its peak memory stays under half of that weight's bytes)."""
+    L3 = lab("layers")
+    rng = np.random.default_rng(9)
+    d_in, d_out, block = 6000, 160, 16  # 3.8 MB as float32, about 15 tiles of TILE_ELEMENTS numbers
+    linear = L3.Linear(d_in, d_out, rng=rng)
+    W = (rng.standard_normal((d_in, d_out)) * np.repeat(rng.uniform(0.1, 10, (d_in // block, 1)), block, axis=0))
+    linear.weight, linear.bias = W.astype(np.float32), rng.standard_normal(d_out).astype(np.float32)
+    layer = I.Int8Linear(linear, block)
+    qw = assert_ndarray(layer.qweight, "Int8Linear.qweight", dtype=np.int8, shape=(d_in, d_out))
+    sc = assert_ndarray(layer.scales, "Int8Linear.scales", dtype=np.float32, shape=(d_in // block, d_out))
+    x = rng.standard_normal((4, d_in)).astype(np.float32)
+    expected = x.astype(np.float64) @ (qw * np.repeat(sc, block, axis=0).astype(np.float64)) + linear.bias
+    out, peak = I.peak_memory(layer, x)
+    out = assert_ndarray(out, f"Int8Linear({d_in}, {d_out}) of x (4, {d_in})", dtype=np.float32, shape=(4, d_out))
+    assert_close(out, expected.astype(np.float32), atol=1e-2, rtol=1e-3,  # sums of 6000 float32 terms, about 400
+                 what=f"Int8Linear(x) on a ({d_in}, {d_out}) weight in blocks of {block} rows, many tiles",
+                 hint="each tile holds whole blocks of rows (a multiple of block), so that every block is multiplied "
+                      "by its own scales: a tile that starts inside a block shifts the scales of every block after it")
+    whole = d_in * d_out * 4  # the float32 weight's bytes
+    assert peak <= whole // 2, (
+        f"Int8Linear on a ({d_in}, {d_out}) weight held {peak / 1e6:.2f} MB at its peak (at most half the float32 "
+        f"weight's {whole / 1e6:.2f} MB allowed): the whole float32 weight must never exist; dequantise a tile of "
+        f"whole blocks (about TILE_ELEMENTS numbers) at a time and accumulate x[:, rows] @ tile")
+
+
+def test_quantize_model_without_the_head_keeps_the_token_table():
+    f = load_fixture(LAB, "int8")
+    model = _model()
+    table = np.asarray(model.wte.weight).copy()
+    I.quantize_model(model, 8, head=False)
+    assert_close(np.asarray(model.wte.weight), table, atol=0, rtol=0,
+                 what="wte's table after quantize_model(model, 8, head=False) (the float32 table, untouched)",
+                 hint="head=False swaps only the blocks' Linears; wte becomes an Int8Embedding only with head=True")
+    qw = getattr(model.h[0].attn.c_attn, "qweight", None)
+    assert isinstance(qw, np.ndarray) and qw.dtype == np.int8, "head=False still swaps every block's Linears"
+    logits = I.fast_forward(model, f["ids"])
+    err = float(np.abs(logits - f["float_logits"]).max() / np.abs(f["float_logits"]).max())
+    assert err < 0.05, f"int8 blocks with a float32 head moved the logits by {err:.3f} of their largest value"
 
 
 def test_quantize_model_swaps_every_linear_and_keeps_the_logits_close():
