@@ -441,13 +441,13 @@ def test_forward_slots_is_finite_when_the_scores_are_large():
         c_attn = model.h[i].attn.c_attn
         c_attn.weight = np.asarray(c_attn.weight) * np.float32(60.0)
     ids = f["ids"][:, :9]
-    expected = model(ids)
-    assert np.isfinite(expected).all(), "the model's own logits are not finite: lab 04's attention needs lab 01's stable softmax"
     cache = I.SlotCache(model, 2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         logits = I.forward_slots(model, ids, cache, np.arange(2))
     logits = assert_ndarray(logits, "forward_slots with large scores", dtype=np.float32, shape=(2, 9, V))
+    expected = model(ids)
+    assert np.isfinite(expected).all(), "the model's own logits are not finite: lab 04's attention needs lab 01's stable softmax"
     if not np.isfinite(logits).all():
         raise AssertionError("forward_slots gave non-finite logits when the attention scores are in the thousands: "
                              "attend_rows's softmax must subtract each row's largest score before exp (as lab 01's "
@@ -803,21 +803,21 @@ def test_drafter_samples_its_drafts_at_the_temperature_and_returns_their_q():
     f = load_fixture(LAB, "speculative")
     draft = _draft("near")
     context = f["drafter_context"].tolist()
-    logits = np.asarray(draft(np.array([context]))[0, -1], np.float64) / 2.0
-    q = np.exp(logits - logits.max())
-    q /= q.sum()
     drafter, rng = I.Drafter(draft, 3), np.random.default_rng(8)
-    runs, counts = 300, np.zeros(len(q))
+    runs, counts, first_q = 300, np.zeros(V), None
     for i in range(runs):
         tokens, probs = drafter.propose(context, 1, temperature=2.0, rng=rng)
         if i == 0:
-            probs = assert_ndarray(probs, "Drafter.propose's q at temperature 2", shape=(1, len(q)))
-            assert_close(probs[0], q, atol=1e-5, rtol=1e-4,
-                         what="the q that Drafter.propose returns at temperature 2 (softmax of the draft's logits / 2)",
-                         hint="q is the distribution the draft drew from: softmax(logits / temperature) at the "
-                              "temperature given, not at 1")
+            first_q = assert_ndarray(probs, "Drafter.propose's q at temperature 2", shape=(1, V))[0]
         counts[int(assert_ndarray(tokens, "Drafter.propose's tokens", dtype="iu", shape=(1,))[0])] += 1
         drafter.keep(len(context) - 1)
+    logits = np.asarray(draft(np.array([context]))[0, -1], np.float64) / 2.0
+    q = np.exp(logits - logits.max())
+    q /= q.sum()
+    assert_close(first_q, q, atol=1e-5, rtol=1e-4,
+                 what="the q that Drafter.propose returns at temperature 2 (softmax of the draft's logits / 2)",
+                 hint="q is the distribution the draft drew from: softmax(logits / temperature) at the "
+                      "temperature given, not at 1")
     top = int(np.argmax(q))
     freq = counts[top] / runs
     assert abs(freq - q[top]) <= 5 * math.sqrt(q[top] * (1 - q[top]) / runs) + 1.5 / runs, (

@@ -4,6 +4,7 @@ bubblewrap, and no bubblewrap with the grader as root (``GRADER_NO_BWRAP=1``: co
 Gradescope). The attacks are appended to the lab 01 stub, so lab 01 honestly scores
 nothing, and graded between honest students."""
 
+import dataclasses
 import importlib.util
 import os
 import shutil
@@ -29,7 +30,19 @@ FIXTURE_NAMES = ["test_hidden_causal_mask", "sdpa.npz", "self_attention.npz", "m
 @pytest.fixture(scope="module", params=["bwrap", "rlimits-as-root"])
 def mode_grader(request, reachable_tmp):
     """A grader on labs 01–02 in one of the two configurations."""
-    mode = request.param
+    yield from _mode_grader(request.param, reachable_tmp, FAST)
+
+
+SMALL_DISK = dataclasses.replace(FAST, disk_mb=2)  # 512 entries of ENTRY_BYTES: an attack needs few files to pass it
+
+
+@pytest.fixture(scope="module", params=["bwrap", "rlimits-as-root"])
+def small_disk_grader(request, reachable_tmp):
+    """A grader on labs 01–02 in one of the two configurations, with a disk quota of 2 MB."""
+    yield from _mode_grader(request.param, reachable_tmp, SMALL_DISK)
+
+
+def _mode_grader(mode, reachable_tmp, limits):
     with pytest.MonkeyPatch.context() as mp:
         if mode == "bwrap":
             mp.delenv("GRADER_NO_BWRAP", raising=False)
@@ -39,7 +52,7 @@ def mode_grader(request, reachable_tmp):
             if os.geteuid() != 0:
                 pytest.skip("this configuration is the grader running as root without bubblewrap")
             mp.setenv("GRADER_NO_BWRAP", "1")
-        g = Grader(reachable_dir(reachable_tmp, f"isolation-{mode}"), ["01", "02"], limits=FAST, log=lambda *_: None)
+        g = Grader(reachable_dir(reachable_tmp, f"isolation-{mode}"), ["01", "02"], limits=limits, log=lambda *_: None)
         assert g.isolation == ("bwrap" if mode == "bwrap" else "rlimits")
         (g.out_dir / ".scratch").mkdir(parents=True, exist_ok=True)
         g.prepare()
@@ -483,29 +496,31 @@ def _handoff_folders():
     return []
 
 
-_made, _cpu = 0, _time.process_time()
+_made = 0
 for _d in _handoff_folders():  # empty files hold no block, only an inode and an entry each
     _base = _os.path.join(_d, "flood")
     _os.makedirs(_base, exist_ok=True)
-    while _made < 60_000 and _time.process_time() - _cpu < 1.5:
-        if _made % 5000 == 0:
-            _os.mkdir(_os.path.join(_base, str(_made // 5000)))
-        _os.close(_os.open(_os.path.join(_base, str(_made // 5000), str(_made)), _os.O_CREAT | _os.O_WRONLY, 0o600))
+    while _made < 2_000:  # four times the 2 MB quota's 512 entries: under a second of CPU, however busy the machine
+        if _made % 500 == 0:
+            _os.mkdir(_os.path.join(_base, str(_made // 500)))
+        _os.close(_os.open(_os.path.join(_base, str(_made // 500), str(_made)), _os.O_CREAT | _os.O_WRONLY, 0o600))
         _made += 1
     break
 _time.sleep(3)  # holding them, below every CPU limit
 '''
 
 
-def test_empty_files_by_the_ten_thousand_count_against_the_disk_quota(mode_grader, tmp_path):
+def test_empty_files_by_the_thousand_count_against_the_disk_quota(small_disk_grader, tmp_path):
     """Lab code that fills its hand-off folder (on the host's disk) with empty files, which
     hold no block: each file and folder counts 4 KiB against the quota, so the process is
     stopped with the grader's flag before the host's inodes, and with them every other
-    student's writes, run out; the next lab keeps its points."""
-    r = mode_grader.grade("ivan", submission(tmp_path / "ivan", "stub", EMPTY_FILES))
+    student's writes, run out; the next lab keeps its points. (A quota of 2 MB, so that the
+    attack's files take well under a second of CPU time.)"""
+    g = small_disk_grader
+    r = g.grade("ivan", submission(tmp_path / "ivan", "stub", EMPTY_FILES))
     assert any(f.startswith("disk quota") for f in r.labs[L1].flags), (
         "empty files in the hand-off folder went uncounted (or the attack found no hand-off folder)", r.labs[L1].flags)
-    assert r.labs[L2].points == mode_grader.rubric[L2].points
+    assert r.labs[L2].points == g.rubric[L2].points
     assert not any("disk quota" in f for f in r.labs[L2].flags)
 
 
