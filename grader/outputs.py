@@ -47,7 +47,7 @@ def markdown_inline(text: str) -> str:
 def first_line(message: str, limit: int = 300) -> str:
     """The first non-blank line of ``message``, at most ``limit`` characters, with no
     control or invisible formatting character (``visible``)."""
-    line = next((ln.strip() for ln in visible(message).splitlines() if ln.strip()), "")
+    line = next((visible(ln.strip()) for ln in message.splitlines() if ln.strip()), "")
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
