@@ -13,11 +13,11 @@ threads before NumPy loads, and none shares the machine with another). A report 
 what lies between ``<!-- BEGIN bench_<name> -->`` and ``<!-- END bench_<name> -->`` in
 docs/performance.md (a benchmark without them gets a section at the end), under a line
 saying when it ran, for how long and from which source (``source()``: a fingerprint of
-the script, which tests/kit/test_docs.py holds to the script as it is now). The block between ``<!-- BEGIN run -->`` and
-``<!-- END run -->`` says where and with what the last full run ran (a run with ``--only``
-adds a line), and the summaries go to
-README.md between ``<!-- BEGIN benchmark-summaries -->`` and its end marker. A benchmark
-that fails keeps its previous report, and the command exits with status 1.
+the script, which tests/kit/test_docs.py holds to the script as it is now). The block
+between ``<!-- BEGIN run -->`` and ``<!-- END run -->`` says where and with what the last
+full run ran (a run with ``--only`` adds a line), and the summaries go to README.md
+between ``<!-- BEGIN benchmark-summaries -->`` and its end marker. A benchmark that fails
+keeps its previous report, and the command exits with status 1.
 """
 
 from __future__ import annotations
